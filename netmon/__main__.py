@@ -1,0 +1,3 @@
+from netmon.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""Pure bandwidth maths: units, the nccl-tests bus factors, buffer sizing and sample statistics.
+
+Every number netmon reports is defined here, so that it means exactly what nccl-tests'
+doc/PERFORMANCE.md means: algbw = S / t with S as nccl-tests prints it, busbw = algbw x factor.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+OpName = Literal[
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+    "sendrecv",
+    "all_gather_object",
+]
+OPS: tuple[OpName, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+    "sendrecv",
+    "all_gather_object",
+)
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+# nccl-tests prints these names in its "type" column.
+DTYPE_SHORT: dict[str, str] = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
+
+_BINARY = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_DURATION = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([KMGT]?)(?:B(?:/S)?)?\s*$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from "8", "64K", "16M", "1G" (binary multiples, as nccl-tests: 64K = 65536)."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size; use bytes with an optional K, M, G suffix")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size {text} is negative; use a byte count >= 0")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"{text!r} is not a size; use bytes with an optional K, M, G suffix (64K)")
+    value = float(match.group(1)) * _BINARY[match.group(2).upper()]
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def parse_rate(text: str | float) -> float:
+    """Bytes per second from "1.5G" or "1.5GB/s" (decimal multiples, as nccl-tests' GB/s)."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a rate; use bytes/s with an optional K, M, G suffix")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _RATE_RE.match(str(text))
+        if not match:
+            raise ValueError(
+                f"{text!r} is not a rate; use bytes/s with an optional K, M, G suffix (1.5G = 1.5e9)"
+            )
+        value = float(match.group(1)) * _DECIMAL[match.group(2).upper()]
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"rate {text!r} must be a finite number >= 0")
+    return value
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds from "500ms", "60s", "15m", "1h" or a bare number of seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration; use a number with ms, s, m or h")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        match = _DURATION_RE.match(str(text))
+        if not match:
+            raise ValueError(f"{text!r} is not a duration; use a number with ms, s, m or h (15m)")
+        value = float(match.group(1)) * _DURATION[(match.group(2) or "s").lower()]
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"duration {text!r} must be a finite number >= 0")
+    return value
+
+
+def size_sweep(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """nccl-tests' -b/-e/-f sweep: min, min*f, ... up to and including max."""
+    if min_bytes <= 0 or max_bytes < min_bytes:
+        raise ValueError("the sweep needs 0 < min (-b) <= max (-e)")
+    if factor < 2:
+        raise ValueError("the sweep factor (-f) must be an integer >= 2")
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def format_size(size: int) -> str:
+    """The shortest exact binary spelling: 65536 -> "64K"."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = _BINARY[suffix]
+        if size >= unit and size % unit == 0:
+            return f"{size // unit}{suffix}"
+    return str(size)
+
+
+def bus_factor(op: OpName, ranks: int) -> float:
+    """The factor busbw = algbw x factor of nccl-tests' doc/PERFORMANCE.md."""
+    if ranks < 1:
+        raise ValueError("ranks must be >= 1")
+    n = ranks
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "alltoall", "all_gather_object"):
+        return (n - 1) / n
+    return 1.0  # broadcast, sendrecv
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """Element counts of one collective's buffers and the size S that nccl-tests reports."""
+
+    in_count: int
+    out_count: int
+    size_bytes: int  # S in algbw = S / t
+    count: int  # the "count" column of nccl-tests
+
+
+def buffers_for(op: OpName, size_bytes: int, ranks: int, dtype: DTypeName) -> Buffers:
+    """Element counts for a requested size, rounded down as nccl-tests does, but never empty.
+
+    For all_gather and reduce_scatter S is the gathered (total) buffer; alltoall splits its
+    buffer evenly between ranks; all_reduce, broadcast and sendrecv use the buffer as is.
+    """
+    width = DTYPE_BYTES[dtype]
+    elements = size_bytes // width
+    if op in ("all_gather", "reduce_scatter", "all_gather_object"):
+        per_rank = max(1, elements // ranks)
+        total = per_rank * ranks
+        if op == "reduce_scatter":
+            return Buffers(total, per_rank, total * width, total)
+        return Buffers(per_rank, total, total * width, total)
+    if op == "alltoall":
+        total = max(1, elements // ranks) * ranks
+        return Buffers(total, total, total * width, total)
+    count = max(1, elements)
+    return Buffers(count, count, count * width, count)
+
+
+def algbw(size_bytes: int, seconds: float) -> float:
+    return size_bytes / seconds if seconds > 0 else 0.0
+
+
+def busbw(op: OpName, ranks: int, size_bytes: int, seconds: float) -> float:
+    return algbw(size_bytes, seconds) * bus_factor(op, ranks)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Order statistics of per-op times in seconds."""
+
+    median: float
+    min: float
+    p10: float
+    p90: float
+    max: float
+    mean: float
+    cv: float  # coefficient of variation: population stdev / mean
+    samples: int
+
+
+def percentile(sorted_values: Sequence[float], fraction: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("percentile of no samples")
+    position = fraction * (len(sorted_values) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_values) - 1)
+    weight = position - low
+    return sorted_values[low] * (1 - weight) + sorted_values[high] * weight
+
+
+def spread(samples: Sequence[float]) -> Spread:
+    if not samples:
+        raise ValueError("spread of no samples")
+    ordered = sorted(samples)
+    mean = statistics.fmean(ordered)
+    stdev = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
+    return Spread(
+        median=statistics.median(ordered),
+        min=ordered[0],
+        p10=percentile(ordered, 0.10),
+        p90=percentile(ordered, 0.90),
+        max=ordered[-1],
+        mean=mean,
+        cv=stdev / mean if mean > 0 else 0.0,
+        samples=len(ordered),
+    )

@@ -1,0 +1,228 @@
+"""The `netmon` command: subcommands, flags and exit codes; the work happens elsewhere.
+
+Exit codes: 0 success; 1 a health gate failed (busbw under --min-busbw); 2 a usage or
+configuration error (one line on stderr, no traceback); 3 a probe failed to complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+import netmon
+from netmon import bandwidth, report
+from netmon.errors import UsageError, describe_validation_error
+from netmon.probe.launcher import run_probe
+from netmon.probe.spec import ProbeOutcome, ProbeSpec
+
+EXIT_OK, EXIT_GATE, EXIT_USAGE, EXIT_PROBE_FAILED = 0, 1, 2, 3
+
+DEFAULT_SIZES = {"gloo": "8,64K,1M,16M", "nccl": "8,64K,1M,16M,256M,1G"}
+
+# pydantic field -> the flag a user typed, for one-line errors that name the fix.
+_FLAG_OF_FIELD = {
+    "op": "--op", "sizes": "--sizes", "dtype": "--dtype", "warmup": "--warmup",
+    "iters": "--iters", "batch": "--batch", "chunks": "--chunks", "backend": "--backend",
+    "ranks": "--ranks", "devices": "--devices", "env": "--env", "timeout": "--timeout",
+    "(top level)": "flags",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"netmon: {message} (see netmon {self.prog.split()[-1]} --help)\n")
+
+
+def _add_probe_parser(commands: Any) -> None:
+    probe = commands.add_parser(
+        "probe", help="run collectives once and print nccl-tests-style results",
+        description="Run a collective sweep in fresh rank processes, like nccl-tests.",
+    )
+    probe.add_argument("--backend", choices=("nccl", "gloo"),
+                       help="default: nccl where CUDA GPUs exist, else gloo with 2 CPU ranks")
+    probe.add_argument("--ranks", type=int, help="number of ranks (default: all GPUs, or 2 on CPU)")
+    probe.add_argument("--devices", help="GPUs per rank, by index or UUID: 0,1,2,3")
+    probe.add_argument("--op", default="all_reduce",
+                       help=f"one or more of {','.join(bandwidth.OPS)}, comma separated")
+    probe.add_argument("--sizes", help="sizes with binary suffixes: 8,64K,16M (64K = 65536 B)")
+    probe.add_argument("-b", "--minbytes", help="sweep start, as nccl-tests -b")
+    probe.add_argument("-e", "--maxbytes", help="sweep end, as nccl-tests -e")
+    probe.add_argument("-f", "--stepfactor", type=int, default=2, help="sweep factor (default 2)")
+    probe.add_argument("-n", "--iters", type=int, default=20, help="timed samples per size")
+    probe.add_argument("-w", "--warmup", type=int, default=5, help="warm-up ops per size")
+    probe.add_argument("--batch", type=int, default=5,
+                       help="back-to-back ops per sample in batched timing (default 5)")
+    probe.add_argument("-z", "--per-op", action="store_true",
+                       help="synchronise after every op (nccl-tests -z, latency view)")
+    probe.add_argument("--chunks", "--repeat", default="1",
+                       help="carry each size as k ops of S/k; a list (1,8,64) compares them")
+    probe.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    probe.add_argument("--timeout", default="300s", help="deadline for each probe (300s, 5m)")
+    probe.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                       help="extra environment for the ranks (NCCL_ALGO=Ring); repeatable")
+    probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
+    probe.add_argument("--min-busbw", metavar="RATE",
+                       help="health gate: exit 1 if busbw at the largest size is under RATE "
+                            "(decimal: 1.5G = 1.5e9 B/s)")
+    probe.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    probe.add_argument("--host", default="127.0.0.1", help="rendezvous address (loopback)")
+    probe.set_defaults(handler=_cmd_probe)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="netmon", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--version", action="version", version=f"netmon {netmon.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_probe_parser(commands)
+    return parser
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env: {pair!r} is not KEY=VALUE (example: --env NCCL_ALGO=Ring)")
+        env[name] = value
+    return env
+
+
+def _sizes(args: argparse.Namespace, backend: str) -> list[int] | str:
+    if args.sizes and (args.minbytes or args.maxbytes):
+        raise UsageError("--sizes: give either --sizes or -b/-e, not both")
+    if args.minbytes or args.maxbytes:
+        try:
+            low = bandwidth.parse_size(args.minbytes or "8")
+            high = bandwidth.parse_size(args.maxbytes or args.minbytes)
+            return bandwidth.size_sweep(low, high, args.stepfactor)
+        except ValueError as exc:
+            raise UsageError(f"-b/-e/-f: {exc}") from None
+    return str(args.sizes or DEFAULT_SIZES[backend])
+
+
+def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...]]:
+    from netmon.nvml import gpu_count
+
+    if args.ranks is not None and args.ranks < 1:
+        raise UsageError(f"--ranks: must be >= 1 (got {args.ranks})")
+    devices = tuple(d.strip() for d in args.devices.split(",")) if args.devices else ()
+    backend = args.backend
+    if backend is None:
+        gpus = gpu_count()
+        backend = "nccl" if gpus else "gloo"
+        ranks = args.ranks or len(devices) or gpus or 2
+        print(f"netmon: no --backend given; using {backend} with {ranks} "
+              f"{'GPU' if gpus else 'CPU'} ranks", file=sys.stderr)
+    if backend == "nccl" and not devices:
+        count = args.ranks or gpu_count()
+        devices = tuple(str(i) for i in range(count))
+    ranks = args.ranks or len(devices) or 2
+    return backend, ranks, devices
+
+
+def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
+    backend, ranks, devices = _resolve_backend(args)
+    ops = [op.strip() for op in args.op.split(",") if op.strip()]
+    unknown = [op for op in ops if op not in bandwidth.OPS]
+    if unknown or not ops:
+        raise UsageError(f"--op: {','.join(unknown) or 'nothing'} is not an op; "
+                         f"use one of {','.join(bandwidth.OPS)}")
+    try:
+        chunk_list = [int(c) for c in str(args.chunks).split(",")]
+        timeout = bandwidth.parse_duration(args.timeout)
+    except ValueError as exc:
+        raise UsageError(f"--chunks/--timeout: {exc}") from None
+    common: dict[str, Any] = dict(
+        sizes=_sizes(args, backend), dtype=args.dtype, warmup=args.warmup, iters=args.iters,
+        batch=args.batch, timing="per_op" if args.per_op else "batched", backend=backend,
+        ranks=ranks, devices=devices, env=_parse_env(args.env), check=args.check,
+        timeout=timeout, host=args.host,
+    )
+    specs = []
+    for op in ops:
+        for chunks in chunk_list:
+            try:
+                spec = ProbeSpec(op=op, chunks=chunks, **common)
+            except ValidationError as exc:
+                raise UsageError(describe_validation_error(exc, _FLAG_OF_FIELD)) from None
+            specs.append(spec.model_copy(update={"deadlines": spec.deadlines.capped(timeout)}))
+    return specs
+
+
+def _progress(quiet: bool, total: int) -> Any:
+    done = [0]
+
+    def on_event(kind: str, event: dict[str, Any]) -> None:
+        if kind != "result" or quiet:
+            return
+        done[0] += 1
+        result = event["result"]
+        print(f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
+              f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s",
+              file=sys.stderr, flush=True)
+
+    return on_event
+
+
+def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
+    """Messages for every probe whose largest size fell under the threshold."""
+    failures = []
+    for outcome in outcomes:
+        if not outcome.results:
+            continue
+        largest = max(outcome.results, key=lambda r: r.size_bytes)
+        if largest.busbw_bytes_per_second < min_busbw:
+            failures.append(
+                f"{largest.op} busbw {largest.busbw_bytes_per_second / 1e9:.3f} GB/s at "
+                f"{bandwidth.format_size(largest.size_bytes)} is under --min-busbw "
+                f"{min_busbw / 1e9:.3f} GB/s"
+            )
+    return failures
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    min_busbw = None
+    if args.min_busbw is not None:
+        try:
+            min_busbw = bandwidth.parse_rate(args.min_busbw)
+        except ValueError as exc:
+            raise UsageError(f"--min-busbw: {exc}") from None
+    specs = _specs(args)
+    total = sum(len(spec.sizes) for spec in specs)
+    on_event = _progress(args.quiet or total < 2, total)
+    outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
+    if args.json:
+        print(json.dumps(report.json_document(outcomes), indent=2))
+    else:
+        print("\n\n".join(report.table(outcome) for outcome in outcomes))
+    failed = [o for o in outcomes if o.failure is not None]
+    for outcome in failed:
+        assert outcome.failure is not None
+        print(f"netmon: probe {outcome.spec.op} failed: {outcome.failure.describe()}",
+              file=sys.stderr)
+    if failed:
+        return EXIT_PROBE_FAILED
+    if min_busbw is not None:
+        gate = _gate(outcomes, min_busbw)
+        for message in gate:
+            print(f"netmon: UNHEALTHY: {message}", file=sys.stderr)
+        if gate:
+            return EXIT_GATE
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        print(f"netmon: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130

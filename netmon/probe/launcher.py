@@ -1,0 +1,476 @@
+"""Runs one probe: starts its rank processes, enforces per-phase deadlines, kills and reaps the group.
+
+The launcher never imports torch. Each rank is a fresh interpreter in its own session (so a kill of
+its process group reaches anything it started) and talks to us over pipes: JSON lines on stdout, the
+rendezvous port on stdin. Any deadline passed, rank lost or abort request ends the whole group:
+SIGTERM (with SIGCONT, so a stopped rank can act on it), a short grace, SIGKILL, then every rank is
+reaped. Exit detection uses waitid(WNOWAIT), so no rank's PID can be reused before its group is
+killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import netmon
+from netmon import bandwidth
+from netmon.probe.spec import (
+    PHASES,
+    FailureCause,
+    Phase,
+    ProbeEnvironment,
+    ProbeFailure,
+    ProbeOutcome,
+    ProbeSpec,
+    SizeResult,
+)
+
+AbortCheck = Callable[[], "str | None"]
+EventHook = Callable[[str, dict[str, Any]], None]
+
+TERM_GRACE_S = 2.0
+# After a first sign of failure, wait this long for the others: a rank killed by a signal makes its
+# peers raise "connection closed" a moment later, and the signal is the real cause.
+BLAME_WINDOW_S = 0.3
+POLL_S = 0.05
+STDERR_TAIL = 1500
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    stderr_path: Path
+    phase: Phase = "spawn"
+    phase_since: float = 0.0
+    size: int | None = None
+    sizes_done: int = 0
+    last_heard: float = 0.0
+    hello: bool = False
+    done: bool = False
+    exit_status: int | None = None  # >= 0 exit code, < 0 minus the signal number
+    error: dict[str, Any] | None = None
+    buffer: bytes = b""
+    eof: bool = False
+    reaped: bool = False
+
+
+@dataclass(order=True)
+class _Candidate:
+    """A possible cause of failure; the highest priority, then the earliest, is blamed."""
+
+    priority: int
+    seen: float
+    failure: ProbeFailure = field(compare=False)
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, T, Z...), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _exit_status(pid: int) -> int | None:
+    """Exit status of a finished child without reaping it, or None while it runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return -int(info.si_status)
+
+
+def _describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+class Launcher:
+    def __init__(
+        self,
+        spec: ProbeSpec,
+        *,
+        python: str = sys.executable,
+        abort: AbortCheck | None = None,
+        on_event: EventHook | None = None,
+        numa_of: Mapping[int, int] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.python = python
+        self.abort = abort
+        self.on_event = on_event
+        self.numa_of = dict(numa_of or {})
+        self.extra_env = dict(extra_env or {})
+        self._ranks: list[_Rank] = []
+        self._results: list[SizeResult] = []
+        self._env_report: dict[str, Any] = {}
+        self._peak_memory: int | None = None
+        self._collective_s = 0.0
+        self._candidates: list[_Candidate] = []
+        self._start = 0.0
+        self.pids: list[int] = []
+
+    # ---- public ----
+
+    def run(self) -> ProbeOutcome:
+        started_at = time.time()
+        self._start = time.monotonic()
+        workdir = Path(tempfile.mkdtemp(prefix="netmon-probe-"))
+        failure: ProbeFailure | None = None
+        try:
+            failure = self._spawn_all(workdir)
+            if failure is None:
+                failure = self._supervise()
+        finally:
+            self._terminate_all()
+            shutil.rmtree(workdir, ignore_errors=True)
+        return ProbeOutcome(
+            spec=self.spec,
+            results=tuple(self._results),
+            environment=self._environment(),
+            failure=failure,
+            started_at=started_at,
+            wall_s=time.monotonic() - self._start,
+            collective_s=self._collective_s,
+            peak_device_memory_bytes=self._peak_memory,
+        )
+
+    # ---- spawning ----
+
+    def _rank_env(self, rank: int) -> dict[str, str]:
+        env = dict(os.environ)
+        package_root = str(Path(netmon.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        if self.spec.backend == "nccl":
+            if self.spec.devices:
+                env["CUDA_VISIBLE_DEVICES"] = self.spec.devices[rank]
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank must never create a CUDA context
+            if _is_loopback(self.spec.host):
+                env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        # Two ranks on a small host fight over intra-op threads; collectives do not need them.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(self.extra_env)
+        env.update(self.spec.env_dict())
+        return env
+
+    def _command(self, rank: int) -> list[str]:
+        gpu = self.spec.devices[rank] if self.spec.devices else str(rank)
+        values = {"rank": str(rank), "gpu": gpu, "numa": str(self.numa_of.get(rank, ""))}
+        prefix = []
+        for part in self.spec.wrapper:
+            if "{numa}" in part and rank not in self.numa_of:
+                raise ValueError(f"wrapper uses {{numa}} but the NUMA node of rank {rank} is unknown")
+            prefix.append(part.format(**values))
+        return [*prefix, self.python, "-m", "netmon.probe.worker"]
+
+    def _spawn_all(self, workdir: Path) -> ProbeFailure | None:
+        spec_json = self.spec.model_dump(mode="json")
+        for rank in range(self.spec.ranks):
+            stderr_path = workdir / f"rank{rank}.stderr"
+            try:
+                command = self._command(rank)
+                with open(stderr_path, "wb") as stderr:
+                    proc = subprocess.Popen(
+                        command,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=stderr,
+                        env=self._rank_env(rank),
+                        start_new_session=True,
+                        close_fds=True,
+                    )
+            except (OSError, ValueError) as exc:
+                return ProbeFailure(phase="spawn", rank=rank, cause="spawn", detail=str(exc))
+            now = time.monotonic()
+            entry = _Rank(rank, proc, stderr_path, phase_since=now, last_heard=now)
+            self._ranks.append(entry)
+            self.pids.append(proc.pid)
+            assert proc.stdout is not None
+            os.set_blocking(proc.stdout.fileno(), False)
+            self._write(entry, {"spec": spec_json, "rank": rank})
+        return None
+
+    def _write(self, entry: _Rank, message: dict[str, Any]) -> None:
+        assert entry.proc.stdin is not None
+        try:
+            entry.proc.stdin.write((json.dumps(message) + "\n").encode())
+            entry.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the rank is gone; its exit is noticed and blamed by the supervisor
+
+    # ---- supervision ----
+
+    def _supervise(self) -> ProbeFailure | None:
+        selector = selectors.DefaultSelector()
+        for entry in self._ranks:
+            assert entry.proc.stdout is not None
+            selector.register(entry.proc.stdout, selectors.EVENT_READ, entry)
+        first_trouble: float | None = None
+        try:
+            while True:
+                for key, _ in selector.select(timeout=POLL_S):
+                    self._read(key.data, selector)
+                now = time.monotonic()
+                self._notice_exits(now, selector)
+                if all(entry.done and entry.exit_status == 0 for entry in self._ranks):
+                    return None
+                if self._candidates:
+                    first_trouble = first_trouble or now
+                    if now - first_trouble >= BLAME_WINDOW_S:
+                        return max(self._candidates).failure
+                    continue
+                stop = self._abort_requested() or self._deadline_passed(now)
+                if stop is not None:
+                    return stop
+        finally:
+            selector.close()
+
+    def _read(self, entry: _Rank, selector: selectors.BaseSelector) -> None:
+        assert entry.proc.stdout is not None
+        try:
+            chunk = os.read(entry.proc.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        if not chunk:
+            entry.eof = True
+            selector.unregister(entry.proc.stdout)
+            return
+        entry.last_heard = time.monotonic()
+        entry.buffer += chunk
+        *lines, entry.buffer = entry.buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._handle(entry, line)
+
+    def _handle(self, entry: _Rank, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return  # stray output of a library; the protocol lines are always JSON
+        kind = event.get("ev")
+        now = time.monotonic()
+        if kind == "hello":
+            entry.hello = True
+        elif kind == "phase":
+            entry.phase = event["phase"]
+            entry.phase_since = now
+            if entry.size is not None and event.get("size") != entry.size:
+                entry.sizes_done += 1
+            entry.size = event.get("size")
+        elif kind == "store":
+            for other in self._ranks[1:]:
+                self._write(other, {"port": event["port"]})
+        elif kind == "env":
+            self._env_report = event
+        elif kind == "size":
+            self._record_size(event)
+        elif kind == "mem":
+            peak = int(event["peak_bytes"])
+            self._peak_memory = max(self._peak_memory or 0, peak)
+        elif kind == "error":
+            entry.error = event
+            self._blame(1, now, entry.rank, event.get("phase", entry.phase), "exception",
+                        f"{event.get('type')}: {event.get('message')}")
+        elif kind == "done":
+            entry.done = True
+        if self.on_event is not None and kind in ("phase", "size"):
+            self.on_event(kind, {"rank": entry.rank, **event})
+
+    def _record_size(self, event: dict[str, Any]) -> None:
+        spec = self.spec
+        samples = [float(v) for v in event["samples"]]
+        stats = bandwidth.spread(samples)
+        size_bytes = int(event["size_bytes"])
+        reps = spec.batch if spec.timing == "batched" else 1
+        self._collective_s += sum(samples) * reps
+        result = SizeResult(
+            op=spec.op,
+            size_bytes=size_bytes,
+            count=int(event["count"]),
+            dtype=spec.dtype,
+            chunks=spec.chunks,
+            time_s=stats.median,
+            min_s=stats.min,
+            p10_s=stats.p10,
+            p90_s=stats.p90,
+            max_s=stats.max,
+            cv=stats.cv,
+            samples=stats.samples,
+            algbw_bytes_per_second=bandwidth.algbw(size_bytes, stats.median),
+            busbw_bytes_per_second=bandwidth.busbw(spec.op, spec.ranks, size_bytes, stats.median),
+            bus_factor=bandwidth.bus_factor(spec.op, spec.ranks),
+            check_ok=event.get("check_ok"),
+        )
+        self._results.append(result)
+        if result.check_ok is False:
+            self._blame(0, time.monotonic(), None, "check", "check",
+                        f"wrong values after {spec.op} of {size_bytes} bytes")
+        if self.on_event is not None:
+            self.on_event("result", {"result": result})
+
+    def _notice_exits(self, now: float, selector: selectors.BaseSelector) -> None:
+        for entry in self._ranks:
+            if entry.exit_status is not None:
+                continue
+            status = _exit_status(entry.proc.pid)
+            if status is None:
+                continue
+            # Take what it wrote before dying: its error report names the real cause.
+            if not entry.eof:
+                self._read(entry, selector)
+            entry.exit_status = status
+            if entry.done and status == 0:
+                continue
+            if status < 0:
+                self._blame(3, now, entry.rank, entry.phase, "signal", _describe_status(status))
+            elif entry.error is None:
+                self._blame(2, now, entry.rank, entry.phase, "exit",
+                            f"{_describe_status(status)}; {self._stderr_tail(entry)}")
+
+    def _blame(self, priority: int, now: float, rank: int | None, phase: str, cause: FailureCause,
+               detail: str) -> None:
+        phase_value: Phase = phase if phase in PHASES else "spawn"  # type: ignore[assignment]
+        failure = ProbeFailure(phase=phase_value, rank=rank, cause=cause, detail=detail.strip())
+        # Negative time: among equal priorities the earliest wins under max().
+        self._candidates.append(_Candidate(priority, -now, failure))
+
+    def _abort_requested(self) -> ProbeFailure | None:
+        if self.abort is None:
+            return None
+        reason = self.abort()
+        if reason is None:
+            return None
+        phase = min((entry.phase for entry in self._ranks), key=PHASES.index, default="spawn")
+        return ProbeFailure(phase=phase, rank=None, cause="cancelled",
+                            detail=f"stopped by netmon: {reason}", cancel_reason=reason)
+
+    def _deadline_passed(self, now: float) -> ProbeFailure | None:
+        deadlines = self.spec.deadlines
+        overall_left = self._start + self.spec.timeout - now
+        late = []
+        for entry in self._ranks:
+            phase_left = entry.phase_since + deadlines.for_phase(entry.phase) - now
+            silent = entry.hello and now - entry.last_heard > deadlines.unresponsive
+            if min(phase_left, overall_left) <= 0 or silent:
+                late.append(entry)
+        if not late:
+            return None
+        culprit = self._culprit(now)
+        return ProbeFailure(phase=culprit.phase, rank=culprit.rank, cause="timeout",
+                            detail=self._timeout_detail(culprit, now))
+
+    def _culprit(self, now: float) -> _Rank:
+        """The rank that holds the others up: stopped or silent first, then the least advanced.
+
+        It need not be a late rank itself: a stopped rank keeps its peers waiting in a collective.
+        """
+
+        def progress(entry: _Rank) -> tuple[int, int, int]:
+            state = _process_state(entry.proc.pid)
+            frozen = state in ("T", "t") or now - entry.last_heard > 2.0
+            return (0 if frozen else 1, PHASES.index(entry.phase), entry.sizes_done)
+
+        return min(self._ranks, key=lambda entry: (progress(entry), entry.rank))
+
+    def _timeout_detail(self, entry: _Rank, now: float) -> str:
+        waited = now - entry.phase_since
+        where = f" at {bandwidth.format_size(entry.size)}B" if entry.size else ""
+        state = _process_state(entry.proc.pid)
+        notes = {"T": "; the process is stopped (SIGSTOP?)", "t": "; the process is traced",
+                 "D": "; the process is in uninterruptible sleep (driver?)"}
+        silent = now - entry.last_heard
+        heard = f"; silent for {silent:.1f} s" if silent > 2.0 else ""
+        return (f"no progress in phase {entry.phase}{where} after {waited:.1f} s"
+                f"{notes.get(state or '', '')}{heard}")
+
+    # ---- teardown ----
+
+    def _alive(self) -> list[_Rank]:
+        return [e for e in self._ranks if not e.reaped and _exit_status(e.proc.pid) is None]
+
+    def _signal_groups(self, signum: int) -> None:
+        for entry in self._ranks:
+            if entry.reaped:
+                continue
+            try:
+                os.killpg(entry.proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _terminate_all(self) -> None:
+        if self._alive():
+            self._signal_groups(signal.SIGTERM)
+            self._signal_groups(signal.SIGCONT)
+            deadline = time.monotonic() + TERM_GRACE_S
+            while self._alive() and time.monotonic() < deadline:
+                time.sleep(POLL_S)
+        # Leaders are zombies or alive until reaped, so their group IDs cannot have been reused:
+        # the KILL reaches only this probe's processes, including anything a rank started.
+        self._signal_groups(signal.SIGKILL)
+        for entry in self._ranks:
+            for stream in (entry.proc.stdin, entry.proc.stdout):
+                if stream is not None:
+                    try:
+                        stream.close()
+                    except OSError:
+                        pass
+            entry.proc.wait()
+            entry.reaped = True
+
+    def _stderr_tail(self, entry: _Rank) -> str:
+        try:
+            text = entry.stderr_path.read_text(errors="replace")
+        except OSError:
+            return "no stderr"
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        return " | ".join(lines[-5:])[-STDERR_TAIL:] or "no stderr"
+
+    # ---- results ----
+
+    def _environment(self) -> ProbeEnvironment:
+        report = self._env_report
+        devices = tuple(filter(None, str(report.get("devices", "")).split(",")))
+        return ProbeEnvironment(
+            netmon=netmon.__version__,
+            torch=report.get("torch"),
+            backend=self.spec.backend,
+            nccl=report.get("nccl"),
+            ranks=self.spec.ranks,
+            host=socket.gethostname(),
+            python=report.get("python"),
+            devices=tuple(self.spec.devices) or devices,
+        )
+
+
+def run_probe(spec: ProbeSpec, **kwargs: Any) -> ProbeOutcome:
+    """Run one probe to completion or failure; never raises for what a rank does."""
+    return Launcher(spec, **kwargs).run()

@@ -1,0 +1,196 @@
+"""What a probe is and what it yields: immutable, typed values that cross process boundaries."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_size
+
+Backend = Literal["nccl", "gloo"]
+# batched: `batch` back-to-back ops then one sync (nccl-tests' default);
+# per_op: every op synchronised on its own (nccl-tests -z, a latency view).
+Timing = Literal["batched", "per_op"]
+Phase = Literal["spawn", "rendezvous", "init", "warmup", "measure", "check", "teardown"]
+PHASES: tuple[Phase, ...] = ("spawn", "rendezvous", "init", "warmup", "measure", "check", "teardown")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PhaseDeadlines(_Frozen):
+    """Seconds each phase may take on the slowest rank; measure and warmup are per size."""
+
+    spawn: float = Field(60.0, gt=0)  # interpreter start and `import torch`
+    rendezvous: float = Field(30.0, gt=0)
+    init: float = Field(60.0, gt=0)
+    warmup: float = Field(60.0, gt=0)
+    measure: float = Field(120.0, gt=0)
+    check: float = Field(60.0, gt=0)
+    teardown: float = Field(15.0, gt=0)
+    # A rank that sends no heartbeat this long is frozen (stopped, or stuck holding the GIL).
+    unresponsive: float = Field(15.0, gt=0)
+
+    def for_phase(self, phase: Phase) -> float:
+        return float(getattr(self, phase))
+
+    def capped(self, seconds: float) -> PhaseDeadlines:
+        """Every phase limited to at most `seconds` (a short probe timeout tightens them all)."""
+        return PhaseDeadlines(**{k: min(v, seconds) for k, v in self.model_dump().items()})
+
+
+class ProbeSpec(_Frozen):
+    """One probe: an op swept over sizes in one set of rank processes."""
+
+    op: OpName = "all_reduce"
+    sizes: tuple[int, ...] = (8, 1 << 20)
+    dtype: DTypeName = "float32"
+    warmup: int = Field(5, ge=0)
+    iters: int = Field(20, ge=1, description="timed samples per size")
+    batch: int = Field(5, ge=1, description="back-to-back ops per sample in batched timing")
+    timing: Timing = "batched"
+    chunks: int = Field(1, ge=1, description="split each op of S bytes into k ops of S/k")
+    backend: Backend = "gloo"
+    ranks: int = Field(2, ge=1, le=1024)
+    devices: tuple[str, ...] = Field((), description="GPU index or UUID per rank (nccl)")
+    env: tuple[tuple[str, str], ...] = ()
+    check: bool = False
+    timeout: float = Field(300.0, gt=0, description="seconds for the whole probe")
+    deadlines: PhaseDeadlines = PhaseDeadlines()
+    # A per-rank command prefix; {rank}, {gpu} and {numa} are substituted (numactl, ip netns exec).
+    wrapper: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _parse_sizes(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(parse_size(v) for v in value)
+        return value
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes_nonempty(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("at least one size is needed")
+        if any(v <= 0 for v in value):
+            raise ValueError("sizes must be > 0 bytes")
+        return value
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _parse_timeout(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_pairs(cls, value: object) -> object:
+        if isinstance(value, dict):
+            value = sorted(value.items())
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProbeSpec:
+        if self.devices and len(self.devices) != self.ranks:
+            raise ValueError(f"{len(self.devices)} devices given for {self.ranks} ranks")
+        if self.op == "sendrecv" and self.ranks < 2:
+            raise ValueError("sendrecv needs at least 2 ranks")
+        return self
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+class SizeResult(_Frozen):
+    """One size of a sweep. Times are per op, in seconds; the slowest rank's, per sample."""
+
+    op: OpName
+    size_bytes: int
+    count: int
+    dtype: DTypeName
+    chunks: int
+    time_s: float  # median
+    min_s: float
+    p10_s: float
+    p90_s: float
+    max_s: float
+    cv: float
+    samples: int
+    algbw_bytes_per_second: float
+    busbw_bytes_per_second: float
+    bus_factor: float
+    check_ok: bool | None = None
+
+
+class ProbeEnvironment(_Frozen):
+    netmon: str
+    torch: str | None = None
+    backend: Backend
+    nccl: str | None = None
+    ranks: int
+    host: str
+    python: str | None = None
+    devices: tuple[str, ...] = ()
+
+
+FailureCause = Literal["timeout", "exit", "signal", "exception", "spawn", "cancelled", "check"]
+
+
+class ProbeFailure(_Frozen):
+    """Why a probe ended early: the phase, the rank to blame and what happened to it."""
+
+    phase: Phase
+    rank: int | None
+    cause: FailureCause
+    detail: str
+    # For cancellations: who asked (paused, preempted, shutdown).
+    cancel_reason: str | None = None
+
+    @property
+    def reason(self) -> str:
+        """A bounded label value for metrics: the cause, qualified by the phase for timeouts."""
+        if self.cause == "cancelled" and self.cancel_reason:
+            return self.cancel_reason
+        if self.cause == "timeout":
+            return f"timeout_{self.phase}"
+        if self.phase == "rendezvous" and self.cause != "check":
+            return "rendezvous"
+        return {"exit": "rank_exit", "signal": "rank_signal", "exception": "rank_error"}.get(
+            self.cause, self.cause
+        )
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "the probe"
+        return f"{self.cause} in phase {self.phase} ({who}): {self.detail}"
+
+
+class ProbeOutcome(_Frozen):
+    """Everything one run of a probe produced: results for the sizes done, and a failure or none."""
+
+    spec: ProbeSpec
+    results: tuple[SizeResult, ...] = ()
+    environment: ProbeEnvironment | None = None
+    failure: ProbeFailure | None = None
+    started_at: float  # unix time
+    wall_s: float  # whole run, process start to last reap
+    collective_s: float = 0.0  # time inside timed collectives, summed over sizes
+    peak_device_memory_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None

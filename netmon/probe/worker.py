@@ -1,0 +1,330 @@
+"""The code inside one rank process: rendezvous, timed collective loops, and reports to the launcher.
+
+Run as `python -m netmon.probe.worker`. The launcher writes one JSON line on stdin (the spec and this
+rank's number) and, for ranks other than 0, a second line with the rendezvous port that rank 0's
+store bound. The rank answers with JSON lines on stdout: phases, heartbeats, results, errors. This is
+the only netmon module that imports torch, and the only one that may touch CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from datetime import timedelta
+from typing import IO, Any
+
+from netmon.bandwidth import buffers_for
+from netmon.probe.spec import Phase, ProbeSpec
+
+HEARTBEAT_S = 0.5
+
+
+class Channel:
+    """Line-delimited JSON to the launcher; a broken pipe means the launcher is gone: exit."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"ev": event, **fields}, separators=(",", ":"))
+        with self._lock:
+            try:
+                self._stream.write(line + "\n")
+                self._stream.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                os._exit(3)
+
+
+def _heartbeat(channel: Channel, parent: int) -> None:
+    # A rank whose launcher died must not linger holding a GPU.
+    while True:
+        time.sleep(HEARTBEAT_S)
+        if os.getppid() != parent:
+            os._exit(4)
+        channel.send("hb")
+
+
+class Rank:
+    def __init__(self, spec: ProbeSpec, rank: int, channel: Channel) -> None:
+        self.spec = spec
+        self.rank = rank
+        self.world = spec.ranks
+        self.channel = channel
+        self.phase: Phase = "spawn"
+
+    def enter(self, phase: Phase, **fields: Any) -> None:
+        self.phase = phase
+        self.channel.send("phase", phase=phase, **fields)
+
+    def run(self, stdin: IO[str]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.channel.send("hello", pid=os.getpid())
+        self.enter("rendezvous")
+        store = self._rendezvous(dist, stdin)
+        self.enter("init")
+        device = self._init(torch, dist, store)
+        if self.rank == 0:
+            self._report_environment(torch)
+        for size in self.spec.sizes:
+            self._sweep_one(torch, dist, device, size)
+        if device.type == "cuda":
+            self.channel.send("mem", peak_bytes=int(torch.cuda.max_memory_allocated(device)))
+        self.enter("teardown")
+        # Rank 0 hosts the store: nobody leaves until everybody is done with it.
+        self._synchronize(torch, dist, device)
+        dist.destroy_process_group()
+        self.channel.send("done")
+
+    def _rendezvous(self, dist: Any, stdin: IO[str]) -> Any:
+        timeout = timedelta(seconds=self.spec.deadlines.rendezvous)
+        if self.rank == 0:
+            # Port 0: the kernel picks a free port, so no other process can race us for it.
+            store = dist.TCPStore(
+                self.spec.host, 0, self.world, is_master=True, timeout=timeout,
+                wait_for_workers=False,
+            )
+            self.channel.send("store", port=int(store.port))
+            return store
+        line = stdin.readline()
+        if not line:
+            raise RuntimeError("the launcher closed stdin before sending the rendezvous port")
+        port = int(json.loads(line)["port"])
+        return dist.TCPStore(self.spec.host, port, self.world, is_master=False, timeout=timeout)
+
+    def _init(self, torch: Any, dist: Any, store: Any) -> Any:
+        timeout = timedelta(seconds=self.spec.deadlines.init)
+        if self.spec.backend == "nccl":
+            # CUDA_VISIBLE_DEVICES pins exactly one GPU to this process.
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
+            dist.init_process_group(
+                "nccl", store=store, rank=self.rank, world_size=self.world, timeout=timeout,
+                device_id=device,
+            )
+        else:
+            device = torch.device("cpu")
+            dist.init_process_group(
+                "gloo", store=store, rank=self.rank, world_size=self.world, timeout=timeout
+            )
+        return device
+
+    def _report_environment(self, torch: Any) -> None:
+        nccl = None
+        if self.spec.backend == "nccl":
+            version = torch.cuda.nccl.version()
+            nccl = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+        self.channel.send(
+            "env",
+            torch=torch.__version__,
+            nccl=nccl,
+            python=sys.version.split()[0],
+            devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+
+    def _sweep_one(self, torch: Any, dist: Any, device: Any, size: int) -> None:
+        spec = self.spec
+        chunk_bytes = max(1, size // spec.chunks)
+        buffers = buffers_for(spec.op, chunk_bytes, self.world, spec.dtype)
+        collective = Collective(torch, dist, spec, self.rank, device, buffers.in_count,
+                                buffers.out_count)
+        self.enter("warmup", size=size)
+        for _ in range(spec.warmup):
+            collective.run(spec.chunks)
+        self._synchronize(torch, dist, device)
+        self.enter("measure", size=size)
+        samples = self._measure(torch, dist, device, collective)
+        check_ok: bool | None = None
+        if spec.check:
+            self.enter("check", size=size)
+            check_ok = self._check(torch, dist, device, collective)
+        if self.rank == 0:
+            self.channel.send(
+                "size",
+                requested=size,
+                size_bytes=buffers.size_bytes * spec.chunks,
+                count=buffers.count * spec.chunks,
+                samples=samples,
+                check_ok=check_ok,
+            )
+
+    def _synchronize(self, torch: Any, dist: Any, device: Any) -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            dist.barrier(device_ids=[device.index])
+            torch.cuda.synchronize(device)
+        else:
+            dist.barrier()
+
+    def _measure(self, torch: Any, dist: Any, device: Any, collective: Collective) -> list[float]:
+        spec = self.spec
+        times = []
+        for _ in range(spec.iters):
+            self._synchronize(torch, dist, device)
+            if device.type == "cuda":
+                times.append(self._time_cuda(torch, device, collective))
+            else:
+                times.append(self._time_host(collective))
+        # An iteration takes as long as its slowest rank; reduced outside the timed region.
+        per_rank = torch.tensor(times, dtype=torch.float64, device=device)
+        dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
+        return [float(v) for v in per_rank.cpu().tolist()]
+
+    def _time_host(self, collective: Collective) -> float:
+        reps = self.spec.batch if self.spec.timing == "batched" else 1
+        start = time.perf_counter()
+        for _ in range(reps):
+            collective.run(self.spec.chunks)
+        return (time.perf_counter() - start) / reps
+
+    def _time_cuda(self, torch: Any, device: Any, collective: Collective) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self.spec.timing == "batched":
+            start.record()
+            for _ in range(self.spec.batch):
+                collective.run(self.spec.chunks)
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end)) / 1e3 / self.spec.batch
+        start.record()
+        collective.run(self.spec.chunks)
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1e3
+
+    def _check(self, torch: Any, dist: Any, device: Any, collective: Collective) -> bool:
+        ok = collective.verify()
+        flags = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
+        dist.all_reduce(flags)
+        return int(flags.item()) == 0
+
+
+class Collective:
+    """One op on preallocated buffers, plus a correctness check with known values."""
+
+    def __init__(self, torch: Any, dist: Any, spec: ProbeSpec, rank: int, device: Any,
+                 in_count: int, out_count: int) -> None:
+        self.torch, self.dist, self.spec, self.rank = torch, dist, spec, rank
+        self.world = spec.ranks
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}[spec.dtype]
+        self.dtype = dtype
+        self.send = torch.ones(in_count, dtype=dtype, device=device)
+        self.recv = torch.zeros(out_count, dtype=dtype, device=device)
+        self.payload = bytes([rank % 256]) * (in_count * self.send.element_size())
+        self.objects: list[Any] = [None] * self.world
+        self._op = self._bind()
+
+    def run(self, times: int) -> None:
+        for _ in range(times):
+            self._op()
+
+    def _bind(self) -> Callable[[], None]:
+        dist, op = self.dist, self.spec.op
+        if op == "all_reduce":
+            return lambda: dist.all_reduce(self.send)
+        if op == "broadcast":
+            return lambda: dist.broadcast(self.send, src=0)
+        if op == "all_gather":
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            return lambda: gather(self.recv, self.send)
+        if op == "reduce_scatter":
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            return lambda: scatter(self.recv, self.send)
+        if op == "alltoall":
+            return lambda: dist.all_to_all_single(self.recv, self.send)
+        if op == "sendrecv":
+            return self._sendrecv
+        if op == "all_gather_object":
+            return lambda: dist.all_gather_object(self.objects, self.payload)
+        raise ValueError(f"unknown op {op}")
+
+    def _sendrecv(self) -> None:
+        # nccl-tests' sendrecv: every rank sends to the next and receives from the previous.
+        dist = self.dist
+        peer_to, peer_from = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        requests = [dist.isend(self.send, peer_to), dist.irecv(self.recv, peer_from)]
+        for request in requests:
+            request.wait()
+
+    def verify(self) -> bool:
+        torch, n, r = self.torch, self.world, self.rank
+        op = self.spec.op
+        if op == "all_gather_object":
+            self.payload = bytes([r % 256]) * len(self.payload)
+            self._op()
+            return all(self.objects[j] == bytes([j % 256]) * len(self.payload) for j in range(n))
+        if op == "sendrecv":
+            self.send.fill_(r + 1)
+            self._op()
+            return self._equal(self.recv, torch.full_like(self.recv, (r - 1) % n + 1))
+        if op == "broadcast":
+            self.send.fill_(7 if r == 0 else 0)
+            self._op()
+            return self._equal(self.send, torch.full_like(self.send, 7))
+        if op == "all_reduce":
+            self.send.fill_(r + 1)
+            self._op()
+            return self._equal(self.send, torch.full_like(self.send, n * (n + 1) // 2))
+        if op == "all_gather":
+            self.send.fill_(r + 1)
+            self._op()
+            expected = torch.arange(1, n + 1, dtype=self.dtype, device=self.send.device)
+            return self._equal(self.recv, expected.repeat_interleave(self.send.numel()))
+        if op == "reduce_scatter":
+            # Block j of rank r holds r + 1 + j; rank r receives block r summed over ranks.
+            block = self.recv.numel()
+            values = torch.arange(n, dtype=self.dtype, device=self.send.device) + (r + 1)
+            self.send.copy_(values.repeat_interleave(block))
+            self._op()
+            return self._equal(self.recv, torch.full_like(self.recv, n * (n + 1) // 2 + n * r))
+        if op == "alltoall":
+            # Block j of rank r, sent to rank j, holds r * n + j.
+            block = self.send.numel() // n
+            values = torch.arange(n, dtype=self.dtype, device=self.send.device) + r * n
+            self.send.copy_(values.repeat_interleave(block))
+            self._op()
+            expected = torch.arange(n, dtype=self.dtype, device=self.send.device) * n + r
+            return self._equal(self.recv, expected.repeat_interleave(block))
+        raise ValueError(f"no check for {op}")
+
+    def _equal(self, actual: Any, expected: Any) -> bool:
+        return bool(self.torch.allclose(actual.float(), expected.float(), rtol=1e-2, atol=0.0))
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    channel = Channel(sys.stdout)
+    threading.Thread(target=_heartbeat, args=(channel, os.getppid()), daemon=True).start()
+    rank_obj: Rank | None = None
+    try:
+        first = json.loads(sys.stdin.readline())
+        spec = ProbeSpec.model_validate(first["spec"])
+        rank_obj = Rank(spec, int(first["rank"]), channel)
+        rank_obj.run(sys.stdin)
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        phase = rank_obj.phase if rank_obj else "spawn"
+        channel.send(
+            "error",
+            phase=phase,
+            type=type(exc).__name__,
+            message=str(exc).strip().splitlines()[0][:500] if str(exc).strip() else "",
+            trace=traceback.format_exc()[-2000:],
+        )
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    # Skip interpreter teardown: torch's atexit hooks can hang after the group is destroyed.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
