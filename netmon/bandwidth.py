@@ -42,7 +42,9 @@ _DECIMAL = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 _DURATION = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([KMGT]?)(?:B(?:/S)?)?\s*$", re.IGNORECASE)
+_RATE_RE = re.compile(
+    r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([KMGT]?)(?:B(?:/S)?)?\s*$", re.IGNORECASE
+)
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 
 
@@ -73,7 +75,8 @@ def parse_rate(text: str | float) -> float:
         match = _RATE_RE.match(str(text))
         if not match:
             raise ValueError(
-                f"{text!r} is not a rate; use bytes/s with an optional K, M, G suffix (1.5G = 1.5e9)"
+                f"{text!r} is not a rate; use bytes/s with an optional K, M, G suffix "
+                "(1.5G = 1.5e9)"
             )
         value = float(match.group(1)) * _DECIMAL[match.group(2).upper()]
     if not math.isfinite(value) or value < 0:

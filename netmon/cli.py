@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -26,9 +29,18 @@ DEFAULT_SIZES = {"gloo": "8,64K,1M,16M", "nccl": "8,64K,1M,16M,256M,1G"}
 
 # pydantic field -> the flag a user typed, for one-line errors that name the fix.
 _FLAG_OF_FIELD = {
-    "op": "--op", "sizes": "--sizes", "dtype": "--dtype", "warmup": "--warmup",
-    "iters": "--iters", "batch": "--batch", "chunks": "--chunks", "backend": "--backend",
-    "ranks": "--ranks", "devices": "--devices", "env": "--env", "timeout": "--timeout",
+    "op": "--op",
+    "sizes": "--sizes",
+    "dtype": "--dtype",
+    "warmup": "--warmup",
+    "iters": "--iters",
+    "batch": "--batch",
+    "chunks": "--chunks",
+    "backend": "--backend",
+    "ranks": "--ranks",
+    "devices": "--devices",
+    "env": "--env",
+    "timeout": "--timeout",
     "(top level)": "flags",
 }
 
@@ -40,39 +52,159 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_probe_parser(commands: Any) -> None:
     probe = commands.add_parser(
-        "probe", help="run collectives once and print nccl-tests-style results",
+        "probe",
+        help="run collectives once and print nccl-tests-style results",
         description="Run a collective sweep in fresh rank processes, like nccl-tests.",
     )
-    probe.add_argument("--backend", choices=("nccl", "gloo"),
-                       help="default: nccl where CUDA GPUs exist, else gloo with 2 CPU ranks")
+    probe.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        help="default: nccl where CUDA GPUs exist, else gloo with 2 CPU ranks",
+    )
     probe.add_argument("--ranks", type=int, help="number of ranks (default: all GPUs, or 2 on CPU)")
     probe.add_argument("--devices", help="GPUs per rank, by index or UUID: 0,1,2,3")
-    probe.add_argument("--op", default="all_reduce",
-                       help=f"one or more of {','.join(bandwidth.OPS)}, comma separated")
+    probe.add_argument(
+        "--op",
+        default="all_reduce",
+        help=f"one or more of {','.join(bandwidth.OPS)}, comma separated",
+    )
     probe.add_argument("--sizes", help="sizes with binary suffixes: 8,64K,16M (64K = 65536 B)")
     probe.add_argument("-b", "--minbytes", help="sweep start, as nccl-tests -b")
     probe.add_argument("-e", "--maxbytes", help="sweep end, as nccl-tests -e")
     probe.add_argument("-f", "--stepfactor", type=int, default=2, help="sweep factor (default 2)")
     probe.add_argument("-n", "--iters", type=int, default=20, help="timed samples per size")
     probe.add_argument("-w", "--warmup", type=int, default=5, help="warm-up ops per size")
-    probe.add_argument("--batch", type=int, default=5,
-                       help="back-to-back ops per sample in batched timing (default 5)")
-    probe.add_argument("-z", "--per-op", action="store_true",
-                       help="synchronise after every op (nccl-tests -z, latency view)")
-    probe.add_argument("--chunks", "--repeat", default="1",
-                       help="carry each size as k ops of S/k; a list (1,8,64) compares them")
+    probe.add_argument(
+        "--batch",
+        type=int,
+        default=5,
+        help="back-to-back ops per sample in batched timing (default 5)",
+    )
+    probe.add_argument(
+        "-z",
+        "--per-op",
+        action="store_true",
+        help="synchronise after every op (nccl-tests -z, latency view)",
+    )
+    probe.add_argument(
+        "--chunks",
+        "--repeat",
+        default="1",
+        help="carry each size as k ops of S/k; a list (1,8,64) compares them",
+    )
     probe.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     probe.add_argument("--timeout", default="300s", help="deadline for each probe (300s, 5m)")
-    probe.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                       help="extra environment for the ranks (NCCL_ALGO=Ring); repeatable")
+    probe.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the ranks (NCCL_ALGO=Ring); repeatable",
+    )
     probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
-    probe.add_argument("--min-busbw", metavar="RATE",
-                       help="health gate: exit 1 if busbw at the largest size is under RATE "
-                            "(decimal: 1.5G = 1.5e9 B/s)")
+    probe.add_argument(
+        "--min-busbw",
+        metavar="RATE",
+        help="health gate: exit 1 if busbw at the largest size is under RATE "
+        "(decimal: 1.5G = 1.5e9 B/s)",
+    )
     probe.add_argument("--json", action="store_true", help="one JSON document on stdout")
     probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     probe.add_argument("--host", default="127.0.0.1", help="rendezvous address (loopback)")
     probe.set_defaults(handler=_cmd_probe)
+
+
+def _add_daemon_parsers(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="run the daemon: probe idle GPUs on a schedule, export /metrics",
+        description="Run probes on a schedule and serve Prometheus metrics. Without --config, "
+        "an embedded default (all GPUs, or 2 CPU ranks with gloo).",
+    )
+    serve.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("NETMON_CONFIG") or None,
+        help="YAML configuration (default: $NETMON_CONFIG, else embedded)",
+    )
+    serve.add_argument("--listen", help="HOST:PORT for /metrics (overrides the config)")
+    serve.add_argument("--state-dir", type=Path, help="where baselines persist")
+    serve.add_argument("--log-format", choices=("plain", "json"))
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    serve.add_argument(
+        "--idle-replay",
+        type=Path,
+        metavar="FILE",
+        help="take GPU idle readings from a recording instead of NVML (testing)",
+    )
+    serve.set_defaults(handler=_cmd_serve)
+    check = commands.add_parser(
+        "check-config",
+        help="validate a configuration and print the effective one",
+    )
+    check.add_argument("file", type=Path, nargs="?", help="YAML file (default: embedded)")
+    check.set_defaults(handler=_cmd_check_config)
+
+
+def _load_daemon_config(args: argparse.Namespace) -> Any:
+    from netmon import config as cfg
+    from netmon.nvml import gpu_count
+
+    overrides: dict[str, Any] = {}
+    if getattr(args, "listen", None):
+        overrides["listen"] = args.listen
+    if getattr(args, "state_dir", None):
+        overrides["state_dir"] = str(args.state_dir)
+    logging_over = {
+        k: v
+        for k, v in (
+            ("format", getattr(args, "log_format", None)),
+            ("level", getattr(args, "log_level", None)),
+        )
+        if v
+    }
+    path = getattr(args, "config", None) or getattr(args, "file", None)
+    config = cfg.load_config(path)
+    if overrides or logging_over:
+        document = config.model_dump(mode="json", exclude_unset=True)
+        document.update(overrides)
+        if logging_over:
+            document["logging"] = {**document.get("logging", {}), **logging_over}
+        config = cfg.parse_config(document, "command line")
+    gpus = gpu_count() if config.backend != "gloo" else 0
+    return cfg.resolve(config, gpus), gpus
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from netmon import logs
+    from netmon.daemon import Daemon
+
+    config, gpus = _load_daemon_config(args)
+    logs.setup(config.logging.level, config.logging.format)
+    if not gpus and args.config is None:
+        logging.getLogger("netmon").info(
+            "no GPU found: embedded default on CPU, gloo with %d ranks, probes %s",
+            config.ranks,
+            ", ".join(f"{p.name} every {p.interval:g} s" for p in config.probes or ()),
+        )
+    source = None
+    if args.idle_replay is not None:
+        from netmon.idle import ReplaySource
+
+        try:
+            source = ReplaySource.from_json(args.idle_replay)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--idle-replay: {args.idle_replay}: {exc}") from None
+    return int(Daemon(config, idle_source=source).serve_forever())
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from netmon import config as cfg
+
+    config, _ = _load_daemon_config(args)
+    print(cfg.dump(config), end="")
+    print(f"# OK: {args.file or 'embedded default'} is valid", file=sys.stderr)
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"netmon {netmon.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_probe_parser(commands)
+    _add_daemon_parsers(commands)
     return parser
 
 
@@ -117,8 +250,11 @@ def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...
         gpus = gpu_count()
         backend = "nccl" if gpus else "gloo"
         ranks = args.ranks or len(devices) or gpus or 2
-        print(f"netmon: no --backend given; using {backend} with {ranks} "
-              f"{'GPU' if gpus else 'CPU'} ranks", file=sys.stderr)
+        print(
+            f"netmon: no --backend given; using {backend} with {ranks} "
+            f"{'GPU' if gpus else 'CPU'} ranks",
+            file=sys.stderr,
+        )
     if backend == "nccl" and not devices:
         count = args.ranks or gpu_count()
         devices = tuple(str(i) for i in range(count))
@@ -131,18 +267,29 @@ def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
     ops = [op.strip() for op in args.op.split(",") if op.strip()]
     unknown = [op for op in ops if op not in bandwidth.OPS]
     if unknown or not ops:
-        raise UsageError(f"--op: {','.join(unknown) or 'nothing'} is not an op; "
-                         f"use one of {','.join(bandwidth.OPS)}")
+        raise UsageError(
+            f"--op: {','.join(unknown) or 'nothing'} is not an op; "
+            f"use one of {','.join(bandwidth.OPS)}"
+        )
     try:
         chunk_list = [int(c) for c in str(args.chunks).split(",")]
         timeout = bandwidth.parse_duration(args.timeout)
     except ValueError as exc:
         raise UsageError(f"--chunks/--timeout: {exc}") from None
     common: dict[str, Any] = dict(
-        sizes=_sizes(args, backend), dtype=args.dtype, warmup=args.warmup, iters=args.iters,
-        batch=args.batch, timing="per_op" if args.per_op else "batched", backend=backend,
-        ranks=ranks, devices=devices, env=_parse_env(args.env), check=args.check,
-        timeout=timeout, host=args.host,
+        sizes=_sizes(args, backend),
+        dtype=args.dtype,
+        warmup=args.warmup,
+        iters=args.iters,
+        batch=args.batch,
+        timing="per_op" if args.per_op else "batched",
+        backend=backend,
+        ranks=ranks,
+        devices=devices,
+        env=_parse_env(args.env),
+        check=args.check,
+        timeout=timeout,
+        host=args.host,
     )
     specs = []
     for op in ops:
@@ -163,9 +310,12 @@ def _progress(quiet: bool, total: int) -> Any:
             return
         done[0] += 1
         result = event["result"]
-        print(f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
-              f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s",
-              file=sys.stderr, flush=True)
+        print(
+            f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
+            f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return on_event
 
@@ -204,8 +354,9 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     failed = [o for o in outcomes if o.failure is not None]
     for outcome in failed:
         assert outcome.failure is not None
-        print(f"netmon: probe {outcome.spec.op} failed: {outcome.failure.describe()}",
-              file=sys.stderr)
+        print(
+            f"netmon: probe {outcome.spec.op} failed: {outcome.failure.describe()}", file=sys.stderr
+        )
     if failed:
         return EXIT_PROBE_FAILED
     if min_busbw is not None:

@@ -21,9 +21,7 @@ def field_path(location: tuple[int | str, ...]) -> str:
     return "".join(parts) or "(top level)"
 
 
-def describe_validation_error(
-    exc: ValidationError, names: Mapping[str, str] | None = None
-) -> str:
+def describe_validation_error(exc: ValidationError, names: Mapping[str, str] | None = None) -> str:
     """The first error as "FIELD: what was wrong (got VALUE)", with fields renamed by `names`."""
     first = exc.errors(include_url=False)[0]
     location = tuple(part for part in first["loc"] if not str(part).startswith("function-"))

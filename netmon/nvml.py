@@ -1,9 +1,14 @@
-"""Thin NVML access (nvidia-ml-py). Never initialises CUDA; every call degrades to "no GPU"."""
+"""Thin NVML access (nvidia-ml-py): GPU count and idle readings. Never initialises CUDA."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
+
+from netmon.idle import ComputeMode, GpuReading, IdleSourceError
 
 log = logging.getLogger(__name__)
 
@@ -27,3 +32,172 @@ def gpu_count() -> int:
         return sum(1 for _ in _DRIVER_GPUS.iterdir())
     except OSError:
         return 0
+
+
+# --- Idle readings ------------------------------------------------------------------------------
+# The raw shapes pynvml returns (ctypes structs, or its "friendly" objects for processes); only
+# the fields used are named, so tests can pass SimpleNamespace objects of the same shape.
+
+
+class RawUtilization(Protocol):
+    @property
+    def gpu(self) -> int: ...  # percent of the last sample period a kernel ran
+
+
+class RawMemory(Protocol):
+    @property
+    def used(self) -> int: ...  # bytes
+
+
+class RawProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def usedGpuMemory(self) -> int | None: ...  # bytes; pynvml's spelling
+
+
+# nvmlComputeMode_t; EXCLUSIVE_THREAD (1) is deprecated but still a value the driver may return.
+_COMPUTE_MODES: dict[int, ComputeMode] = {
+    0: "default",
+    1: "exclusive_thread",
+    2: "prohibited",
+    3: "exclusive_process",
+}
+_MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
+# NVML_VALUE_NOT_AVAILABLE as an unsigned long long; pynvml maps it to None, older versions did not.
+_NOT_AVAILABLE = (1 << 64) - 1
+
+
+def reading_from_raw(
+    index: int,
+    uuid: str | bytes,
+    *,
+    utilization: RawUtilization | None,
+    memory: RawMemory | None,
+    processes: Sequence[RawProcess] | None,
+    mig_mode: Sequence[int] | None,
+    compute_mode: int | None,
+) -> GpuReading:
+    """A GpuReading from pynvml's return values; None for each call NVML could not answer.
+
+    Unanswered MIG mode means a GPU without MIG; unanswered compute mode means default (every
+    NVML GPU answers it). Unanswered utilization, memory or processes stay unknown: the idle
+    policy decides what unknown means.
+    """
+    pids: tuple[int, ...] = ()
+    process_memory: tuple[int | None, ...] = ()
+    if processes is not None:
+        pids = tuple(int(p.pid) for p in processes)
+        process_memory = tuple(
+            None if p.usedGpuMemory in (None, _NOT_AVAILABLE) else int(p.usedGpuMemory)
+            for p in processes
+        )
+    mode = "default" if compute_mode is None else _COMPUTE_MODES.get(compute_mode, "unknown")
+    return GpuReading(
+        index=index,
+        uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+        utilization=None if utilization is None else float(utilization.gpu),
+        memory_used=None if memory is None else int(memory.used),
+        compute_pids=pids,
+        mig_enabled=mig_mode is not None and mig_mode[0] == _MIG_ENABLE,
+        compute_mode=mode,
+        process_memory=process_memory,
+        processes_known=processes is not None,
+    )
+
+
+class NvmlUnavailable(IdleSourceError):
+    """NVML cannot be used on this machine (no driver, no library, no nvidia-ml-py)."""
+
+
+class NvmlSource:
+    """Reads every GPU through NVML for the idle check. Initialises NVML once; call close().
+
+    Raises NvmlUnavailable when constructed on a machine without a working NVML.
+    """
+
+    def __init__(self, nvml: Any = None) -> None:
+        # `nvml` is the pynvml module; tests pass a stand-in, as no GPU exists where they run.
+        if nvml is None:
+            try:
+                import pynvml
+            except ImportError as exc:
+                raise NvmlUnavailable(
+                    "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
+                ) from exc
+            nvml = pynvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise NvmlUnavailable(
+                f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
+            ) from exc
+        self._nv: Any = nvml
+        # What "NVML cannot answer this" looks like. NVMLLibraryMismatchError (a driver older than
+        # pynvml's process call) is no NVMLError; older pynvml versions lack it.
+        self._unanswered: tuple[type[Exception], ...] = (
+            nvml.NVMLError,
+            getattr(nvml, "NVMLLibraryMismatchError", nvml.NVMLError),
+        )
+        self._lock = threading.Lock()
+        self._open = True
+
+    def __enter__(self) -> NvmlSource:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases NVML (its init is reference counted, so gpu_count() elsewhere is unaffected)."""
+        with self._lock:
+            if self._open:
+                self._open = False
+                self._nv.nvmlShutdown()
+
+    def read(self) -> list[GpuReading]:
+        nv = self._nv
+        with self._lock:
+            if not self._open:
+                raise IdleSourceError("NvmlSource is closed")
+            readings = []
+            for index in range(int(nv.nvmlDeviceGetCount())):
+                try:
+                    handle = nv.nvmlDeviceGetHandleByIndex(index)
+                    uuid = nv.nvmlDeviceGetUUID(handle)
+                except nv.NVMLError as exc:
+                    # Left out, so a probe asking for it is refused as gpu_missing; the others
+                    # (a lost GPU must not stop the healthy ones) are still read.
+                    log.warning("NVML: GPU %d unreadable, skipped: %s", index, exc)
+                    continue
+                readings.append(
+                    reading_from_raw(
+                        index,
+                        uuid,
+                        utilization=self._ask(nv.nvmlDeviceGetUtilizationRates, handle),
+                        memory=self._memory(handle),
+                        processes=self._ask(nv.nvmlDeviceGetComputeRunningProcesses, handle),
+                        mig_mode=self._ask(nv.nvmlDeviceGetMigMode, handle),
+                        compute_mode=self._ask(nv.nvmlDeviceGetComputeMode, handle),
+                    )
+                )
+            return readings
+
+    def _ask(self, call: Callable[..., Any], *args: object) -> Any:
+        """call(*args), or None where NVML cannot answer (NotSupported, NoPermission, ...)."""
+        try:
+            return call(*args)
+        except self._unanswered as exc:
+            log.debug("NVML: %s unanswered: %s", getattr(call, "__name__", call), exc)
+            return None
+
+    def _memory(self, handle: object) -> Any:
+        # v2 reports `used` without the memory the driver reserves for itself (hundreds of MiB on
+        # large GPUs), which v1 counts as used; drivers before v2 existed only answer v1.
+        version = getattr(self._nv, "nvmlMemory_v2", None)
+        if version is not None:
+            answer = self._ask(self._nv.nvmlDeviceGetMemoryInfo, handle, version)
+            if answer is not None:
+                return answer
+        return self._ask(self._nv.nvmlDeviceGetMemoryInfo, handle)

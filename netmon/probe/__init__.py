@@ -1,4 +1,4 @@
-"""Collective probes: what they are (spec), how their ranks run (worker), who runs them (launcher)."""
+"""Collective probes: what they are (spec), how ranks run (worker), who runs them (launcher)."""
 
 from __future__ import annotations
 

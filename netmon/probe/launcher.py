@@ -1,4 +1,4 @@
-"""Runs one probe: starts its rank processes, enforces per-phase deadlines, kills and reaps the group.
+"""Runs one probe: starts its rank processes, enforces phase deadlines, kills and reaps the group.
 
 The launcher never imports torch. Each rank is a fresh interpreter in its own session (so a kill of
 its process group reaches anything it started) and talks to us over pipes: JSON lines on stdout, the
@@ -10,6 +10,7 @@ killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -188,7 +189,9 @@ class Launcher:
         prefix = []
         for part in self.spec.wrapper:
             if "{numa}" in part and rank not in self.numa_of:
-                raise ValueError(f"wrapper uses {{numa}} but the NUMA node of rank {rank} is unknown")
+                raise ValueError(
+                    f"wrapper uses {{numa}} but the NUMA node of rank {rank} is unknown"
+                )
             prefix.append(part.format(**values))
         return [*prefix, self.python, "-m", "netmon.probe.worker"]
 
@@ -298,11 +301,17 @@ class Launcher:
             self._peak_memory = max(self._peak_memory or 0, peak)
         elif kind == "error":
             entry.error = event
-            self._blame(1, now, entry.rank, event.get("phase", entry.phase), "exception",
-                        f"{event.get('type')}: {event.get('message')}")
+            self._blame(
+                1,
+                now,
+                entry.rank,
+                event.get("phase", entry.phase),
+                "exception",
+                f"{event.get('type')}: {event.get('message')}",
+            )
         elif kind == "done":
             entry.done = True
-        if self.on_event is not None and kind in ("phase", "size"):
+        if self.on_event is not None and kind in ("hello", "store", "phase", "size"):
             self.on_event(kind, {"rank": entry.rank, **event})
 
     def _record_size(self, event: dict[str, Any]) -> None:
@@ -332,8 +341,14 @@ class Launcher:
         )
         self._results.append(result)
         if result.check_ok is False:
-            self._blame(0, time.monotonic(), None, "check", "check",
-                        f"wrong values after {spec.op} of {size_bytes} bytes")
+            self._blame(
+                0,
+                time.monotonic(),
+                None,
+                "check",
+                "check",
+                f"wrong values after {spec.op} of {size_bytes} bytes",
+            )
         if self.on_event is not None:
             self.on_event("result", {"result": result})
 
@@ -353,11 +368,24 @@ class Launcher:
             if status < 0:
                 self._blame(3, now, entry.rank, entry.phase, "signal", _describe_status(status))
             elif entry.error is None:
-                self._blame(2, now, entry.rank, entry.phase, "exit",
-                            f"{_describe_status(status)}; {self._stderr_tail(entry)}")
+                self._blame(
+                    2,
+                    now,
+                    entry.rank,
+                    entry.phase,
+                    "exit",
+                    f"{_describe_status(status)}; {self._stderr_tail(entry)}",
+                )
 
-    def _blame(self, priority: int, now: float, rank: int | None, phase: str, cause: FailureCause,
-               detail: str) -> None:
+    def _blame(
+        self,
+        priority: int,
+        now: float,
+        rank: int | None,
+        phase: str,
+        cause: FailureCause,
+        detail: str,
+    ) -> None:
         phase_value: Phase = phase if phase in PHASES else "spawn"  # type: ignore[assignment]
         failure = ProbeFailure(phase=phase_value, rank=rank, cause=cause, detail=detail.strip())
         # Negative time: among equal priorities the earliest wins under max().
@@ -370,8 +398,13 @@ class Launcher:
         if reason is None:
             return None
         phase = min((entry.phase for entry in self._ranks), key=PHASES.index, default="spawn")
-        return ProbeFailure(phase=phase, rank=None, cause="cancelled",
-                            detail=f"stopped by netmon: {reason}", cancel_reason=reason)
+        return ProbeFailure(
+            phase=phase,
+            rank=None,
+            cause="cancelled",
+            detail=f"stopped by netmon: {reason}",
+            cancel_reason=reason,
+        )
 
     def _deadline_passed(self, now: float) -> ProbeFailure | None:
         deadlines = self.spec.deadlines
@@ -385,8 +418,12 @@ class Launcher:
         if not late:
             return None
         culprit = self._culprit(now)
-        return ProbeFailure(phase=culprit.phase, rank=culprit.rank, cause="timeout",
-                            detail=self._timeout_detail(culprit, now))
+        return ProbeFailure(
+            phase=culprit.phase,
+            rank=culprit.rank,
+            cause="timeout",
+            detail=self._timeout_detail(culprit, now),
+        )
 
     def _culprit(self, now: float) -> _Rank:
         """The rank that holds the others up: stopped or silent first, then the least advanced.
@@ -405,12 +442,17 @@ class Launcher:
         waited = now - entry.phase_since
         where = f" at {bandwidth.format_size(entry.size)}B" if entry.size else ""
         state = _process_state(entry.proc.pid)
-        notes = {"T": "; the process is stopped (SIGSTOP?)", "t": "; the process is traced",
-                 "D": "; the process is in uninterruptible sleep (driver?)"}
+        notes = {
+            "T": "; the process is stopped (SIGSTOP?)",
+            "t": "; the process is traced",
+            "D": "; the process is in uninterruptible sleep (driver?)",
+        }
         silent = now - entry.last_heard
         heard = f"; silent for {silent:.1f} s" if silent > 2.0 else ""
-        return (f"no progress in phase {entry.phase}{where} after {waited:.1f} s"
-                f"{notes.get(state or '', '')}{heard}")
+        return (
+            f"no progress in phase {entry.phase}{where} after {waited:.1f} s"
+            f"{notes.get(state or '', '')}{heard}"
+        )
 
     # ---- teardown ----
 
@@ -421,10 +463,8 @@ class Launcher:
         for entry in self._ranks:
             if entry.reaped:
                 continue
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(entry.proc.pid, signum)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def _terminate_all(self) -> None:
         if self._alive():
@@ -439,10 +479,8 @@ class Launcher:
         for entry in self._ranks:
             for stream in (entry.proc.stdin, entry.proc.stdout):
                 if stream is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         stream.close()
-                    except OSError:
-                        pass
             entry.proc.wait()
             entry.reaped = True
 

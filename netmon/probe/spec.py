@@ -14,7 +14,15 @@ Backend = Literal["nccl", "gloo"]
 # per_op: every op synchronised on its own (nccl-tests -z, a latency view).
 Timing = Literal["batched", "per_op"]
 Phase = Literal["spawn", "rendezvous", "init", "warmup", "measure", "check", "teardown"]
-PHASES: tuple[Phase, ...] = ("spawn", "rendezvous", "init", "warmup", "measure", "check", "teardown")
+PHASES: tuple[Phase, ...] = (
+    "spawn",
+    "rendezvous",
+    "init",
+    "warmup",
+    "measure",
+    "check",
+    "teardown",
+)
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -148,7 +156,9 @@ class ProbeEnvironment(_Frozen):
     devices: tuple[str, ...] = ()
 
 
-FailureCause = Literal["timeout", "exit", "signal", "exception", "spawn", "cancelled", "check"]
+FailureCause = Literal[
+    "timeout", "exit", "signal", "exception", "spawn", "cancelled", "check", "internal"
+]
 
 
 class ProbeFailure(_Frozen):

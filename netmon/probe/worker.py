@@ -1,9 +1,9 @@
-"""The code inside one rank process: rendezvous, timed collective loops, and reports to the launcher.
+"""The code inside one rank process: rendezvous, timed collective loops, reports to the launcher.
 
-Run as `python -m netmon.probe.worker`. The launcher writes one JSON line on stdin (the spec and this
-rank's number) and, for ranks other than 0, a second line with the rendezvous port that rank 0's
-store bound. The rank answers with JSON lines on stdout: phases, heartbeats, results, errors. This is
-the only netmon module that imports torch, and the only one that may touch CUDA.
+Run as `python -m netmon.probe.worker`. The launcher writes one JSON line on stdin (the spec and
+this rank's number) and, for ranks other than 0, a second line with the rendezvous port that rank
+0's store bound. The rank answers with JSON lines on stdout: phases, heartbeats, results, errors.
+This is the only netmon module that imports torch, and the only one that may touch CUDA.
 """
 
 from __future__ import annotations
@@ -89,7 +89,11 @@ class Rank:
         if self.rank == 0:
             # Port 0: the kernel picks a free port, so no other process can race us for it.
             store = dist.TCPStore(
-                self.spec.host, 0, self.world, is_master=True, timeout=timeout,
+                self.spec.host,
+                0,
+                self.world,
+                is_master=True,
+                timeout=timeout,
                 wait_for_workers=False,
             )
             self.channel.send("store", port=int(store.port))
@@ -107,7 +111,11 @@ class Rank:
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)
             dist.init_process_group(
-                "nccl", store=store, rank=self.rank, world_size=self.world, timeout=timeout,
+                "nccl",
+                store=store,
+                rank=self.rank,
+                world_size=self.world,
+                timeout=timeout,
                 device_id=device,
             )
         else:
@@ -134,8 +142,9 @@ class Rank:
         spec = self.spec
         chunk_bytes = max(1, size // spec.chunks)
         buffers = buffers_for(spec.op, chunk_bytes, self.world, spec.dtype)
-        collective = Collective(torch, dist, spec, self.rank, device, buffers.in_count,
-                                buffers.out_count)
+        collective = Collective(
+            torch, dist, spec, self.rank, device, buffers.in_count, buffers.out_count
+        )
         self.enter("warmup", size=size)
         for _ in range(spec.warmup):
             collective.run(spec.chunks)
@@ -210,12 +219,21 @@ class Rank:
 class Collective:
     """One op on preallocated buffers, plus a correctness check with known values."""
 
-    def __init__(self, torch: Any, dist: Any, spec: ProbeSpec, rank: int, device: Any,
-                 in_count: int, out_count: int) -> None:
+    def __init__(
+        self,
+        torch: Any,
+        dist: Any,
+        spec: ProbeSpec,
+        rank: int,
+        device: Any,
+        in_count: int,
+        out_count: int,
+    ) -> None:
         self.torch, self.dist, self.spec, self.rank = torch, dist, spec, rank
         self.world = spec.ranks
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                 "float16": torch.float16}[spec.dtype]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+            spec.dtype
+        ]
         self.dtype = dtype
         self.send = torch.ones(in_count, dtype=dtype, device=device)
         self.recv = torch.zeros(out_count, dtype=dtype, device=device)

@@ -1,0 +1,311 @@
+"""The daemon's configuration: pydantic models, the embedded default, YAML plus NETMON_ overrides.
+
+Precedence: NETMON_-prefixed environment variables (nested with "__", list items by index:
+NETMON_PROBES__0__INTERVAL=30s) override the YAML file, which overrides the defaults here.
+Every error is one line naming the field path, what was wrong and what is accepted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_rate, parse_size, size_sweep
+from netmon.baseline import BaselinePolicy
+from netmon.errors import UsageError, describe_validation_error
+from netmon.idle import IdlePolicy
+from netmon.probe.spec import Backend, Timing
+
+ENV_PREFIX = "NETMON_"
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.:-]*?):(?P<port>\d{1,5})$")
+
+
+class ConfigError(UsageError):
+    """A configuration that cannot be used; the message is one line naming the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _duration(value: object) -> object:
+    return parse_duration(value) if isinstance(value, (str, int, float)) else value
+
+
+class ProbeConfig(_Strict):
+    name: str
+    op: OpName = "all_reduce"
+    sizes: tuple[int, ...]
+    interval: float = Field(60.0, gt=0)
+    jitter: float | None = Field(None, ge=0, description="seconds; default 10% of the interval")
+    timeout: float = Field(300.0, gt=0)
+    dtype: DTypeName = "float32"
+    warmup: int = Field(5, ge=0)
+    iters: int = Field(20, ge=1)
+    batch: int = Field(5, ge=1)
+    timing: Timing = "batched"
+    chunks: int = Field(1, ge=1)
+    devices: tuple[str, ...] | None = None  # default: the node's devices
+    ranks: int | None = Field(None, ge=1)  # gloo: CPU ranks; default: the node's
+    env: dict[str, str] = Field(default_factory=dict)
+    min_busbw: float | None = Field(None, ge=0, description="bytes/s; decimal suffixes: 1.5G")
+    check: bool = False
+    path: str = "default"  # the path label; topology variants set their own
+
+    @field_validator("name", "path")
+    @classmethod
+    def _label_safe(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("use 1-32 characters: lowercase letters, digits, _ (a label value)")
+        return value
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _sizes(cls, value: object) -> object:
+        if isinstance(value, Mapping):
+            extra = set(value) - {"min", "max", "factor"}
+            if extra or "min" not in value or "max" not in value:
+                raise ValueError("a sweep is {min: 8, max: 64K, factor: 2}")
+            return size_sweep(
+                parse_size(value["min"]), parse_size(value["max"]), int(value.get("factor", 2))
+            )
+        if isinstance(value, (str, int)):
+            value = [part for part in str(value).split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            return tuple(parse_size(v) for v in value)
+        return value
+
+    @field_validator("sizes")
+    @classmethod
+    def _some_sizes(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value or min(value) <= 0:
+            raise ValueError("give one or more sizes > 0, like [8, 1K, 64K]")
+        return value
+
+    @field_validator("interval", "jitter", "timeout", mode="before")
+    @classmethod
+    def _durations(cls, value: object) -> object:
+        return _duration(value)
+
+    @field_validator("min_busbw", mode="before")
+    @classmethod
+    def _rate(cls, value: object) -> object:
+        return parse_rate(value) if isinstance(value, (str, int, float)) else value
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _device_list(cls, value: object) -> object:
+        if isinstance(value, (str, int)):
+            return tuple(part.strip() for part in str(value).split(",") if part.strip())
+        if isinstance(value, (list, tuple)):
+            return tuple(str(v) for v in value)
+        return value
+
+    @property
+    def effective_jitter(self) -> float:
+        return self.jitter if self.jitter is not None else round(self.interval * 0.1, 3)
+
+
+class LoggingConfig(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["plain", "json"] = "plain"
+
+
+class NetmonConfig(_Strict):
+    listen: str = "127.0.0.1:9464"
+    state_dir: Path | None = None  # default: /var/lib/netmon as root, else ~/.local/state/netmon
+    backend: Backend | None = None  # default: nccl where GPUs are present, else gloo
+    ranks: int | None = Field(None, ge=1, le=64, description="gloo only: CPU ranks")
+    devices: tuple[str, ...] | None = None
+    pause_file: Path | None = Path("/run/netmon/pause")
+    probes: tuple[ProbeConfig, ...] | None = None  # default: the embedded small and large probes
+    idle: IdlePolicy = IdlePolicy()
+    baseline: BaselinePolicy = BaselinePolicy()
+    logging: LoggingConfig = LoggingConfig()
+    rank_python: str | None = None  # interpreter for rank processes; default: this one
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        match = _LISTEN.match(value)
+        if not match or not 0 <= int(match.group("port")) < 65536:
+            raise ValueError("use HOST:PORT, like 127.0.0.1:9464 or [::1]:9464 (port 0: any free)")
+        return value
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _device_list(cls, value: object) -> object:
+        return ProbeConfig._device_list(value)
+
+    @model_validator(mode="after")
+    def _unique_probe_names(self) -> NetmonConfig:
+        names = [p.name for p in self.probes or ()]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"probe names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+def default_probes(gpus: int) -> tuple[ProbeConfig, ...]:
+    """The embedded schedule: latency every minute, bandwidth every 15 minutes."""
+    if gpus:
+        return (
+            ProbeConfig(name="small", sizes=(8, 256, 8 << 10, 64 << 10), interval=60),
+            ProbeConfig(
+                name="large", sizes=(256 << 20, 512 << 20, 1 << 30), interval=900, timeout=600
+            ),
+        )
+    # CPU ranks over loopback: sizes that take milliseconds, not minutes.
+    return (
+        ProbeConfig(name="small", sizes=(8, 1 << 10, 64 << 10), interval=60),
+        ProbeConfig(name="large", sizes=(1 << 20, 16 << 20), interval=900),
+    )
+
+
+def resolve(config: NetmonConfig, gpus: int) -> NetmonConfig:
+    """Fill in what depends on the machine: backend, ranks, devices, probes, state directory."""
+    backend = config.backend or ("nccl" if gpus else "gloo")
+    updates: dict[str, Any] = {"backend": backend}
+    if backend == "nccl" and config.devices is None:
+        updates["devices"] = tuple(str(i) for i in range(gpus))
+    if backend == "gloo" and config.ranks is None:
+        updates["ranks"] = 2
+    if config.probes is None:
+        updates["probes"] = default_probes(gpus if backend == "nccl" else 0)
+    if config.state_dir is None:
+        root = os.geteuid() == 0
+        updates["state_dir"] = (
+            Path("/var/lib/netmon") if root else (Path.home() / ".local" / "state" / "netmon")
+        )
+    return config.model_copy(update=updates)
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any]]:
+    overrides = []
+    for key, raw in sorted(environ.items()):
+        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX:
+            continue
+        path = [part.lower() for part in key[len(ENV_PREFIX) :].split("__")]
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        overrides.append((path, value))
+    return overrides
+
+
+def _apply(document: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    node: Any = document
+    for depth, part in enumerate(path):
+        last = depth == len(path) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"{source}: no list item {part} at {'.'.join(path[:depth])}")
+            index = int(part)
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"{source}: {'.'.join(path[:depth])} is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+
+
+# Only settings users set from the environment; anything else NETMON_* is left alone (e.g.
+# NETMON_CONFIG, read by the CLI).
+_ENV_ROOTS = {name for name in NetmonConfig.model_fields} | {"group"}
+
+
+def load_document(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the configuration ({exc.strerror})") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of settings, like listen: ...")
+    return document
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside an annotation such as tuple[ProbeConfig, ...] | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        model = _model_in(arg)
+        if model is not None:
+            return model
+    return None
+
+
+def _accepted_fields(location: tuple[Any, ...]) -> str:
+    model: Any = NetmonConfig
+    for part in location[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return ""
+    return ", ".join(model.model_fields)
+
+
+def parse_config(document: Mapping[str, Any], source: str = "config") -> NetmonConfig:
+    try:
+        return NetmonConfig.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        message = describe_validation_error(exc)
+        if first["type"] == "extra_forbidden":
+            accepted = _accepted_fields(tuple(first["loc"]))
+            message = f"{message.split(':')[0]}: unknown setting; accepted: {accepted}"
+        raise ConfigError(f"{source}: {message}") from None
+    except ValueError as exc:  # raised by our parsers outside pydantic's wrapping
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> NetmonConfig:
+    """The file (or the defaults), with NETMON_ overrides applied, validated."""
+    document = load_document(path)
+    source = str(path) if path else "defaults"
+    for keys, value in _env_overrides(os.environ if environ is None else environ):
+        if keys[0] in _ENV_ROOTS:
+            env_name = ENV_PREFIX + "__".join(k.upper() for k in keys)
+            _apply(document, keys, value, env_name)
+            source = f"{source} + environment"
+    return parse_config(document, source)
+
+
+def dump(config: NetmonConfig) -> str:
+    """The effective configuration as YAML, for `netmon check-config`."""
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

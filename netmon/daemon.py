@@ -1,0 +1,177 @@
+"""`netmon serve`: wires configuration, scheduler, probes and exporter, and owns the lifecycle.
+
+The daemon process imports neither torch nor CUDA: probes run in rank processes it starts.
+SIGTERM or SIGINT stop the scheduler, cancel an in-flight probe (its launcher kills the ranks),
+save state and exit 0 within the grace period.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from netmon import baseline, idle
+from netmon.config import NetmonConfig
+from netmon.errors import UsageError
+from netmon.exporter import MetricsServer, make_registry
+from netmon.logs import event
+from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner, Results
+
+log = logging.getLogger("netmon.daemon")
+
+SHUTDOWN_GRACE_S = 8.0
+FIRST_RUN_DELAY_S = 1.0
+
+
+def _state_path(config: NetmonConfig) -> Path | None:
+    """The baseline file; None (with a warning) when the directory cannot be created."""
+    assert config.state_dir is not None
+    try:
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning(
+            "state_dir %s unusable (%s): baselines will not survive a restart",
+            config.state_dir,
+            exc.strerror,
+        )
+        return None
+    return config.state_dir / STATE_FILE
+
+
+def _idle_source(config: NetmonConfig) -> idle.IdleSource:
+    if config.backend != "nccl":
+        return idle.NoGpuSource()
+    from netmon.nvml import NvmlSource
+
+    try:
+        return NvmlSource()
+    except idle.IdleSourceError as exc:
+        # Without NVML nothing can be known idle: every probe is skipped as nvml_error.
+        log.error("%s; no probe will run until NVML works", exc)
+        return _FailingSource(str(exc))
+
+
+class _FailingSource:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def read(self) -> list[idle.GpuReading]:
+        raise idle.IdleSourceError(self.message)
+
+
+class Daemon:
+    def __init__(self, config: NetmonConfig, idle_source: idle.IdleSource | None = None) -> None:
+        self.config = config
+        self.stopping = threading.Event()
+        state_path = _state_path(config)
+        book = baseline.BaselineBook(config.baseline)
+        if state_path is not None:
+            book, warning = baseline.load(state_path, config.baseline)
+            if warning:
+                log.warning("%s", warning)
+        self.results = Results(config, book, state_path)
+        self.runner = ProbeRunner(
+            config, self.results, DeviceLocks(), idle_source or _idle_source(config), self.stopping
+        )
+        self.scheduler = self._scheduler()
+        try:
+            self.server = MetricsServer(
+                config.listen_host, config.listen_port, make_registry(self.results.snapshot)
+            )
+        except OSError as exc:
+            raise UsageError(f"listen: cannot listen on {config.listen}: {exc.strerror}") from None
+
+    def _scheduler(self) -> BackgroundScheduler:
+        probes = self.config.probes or ()
+        scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max(1, len(probes)))},
+            job_defaults={"coalesce": True, "max_instances": 1},
+            timezone="UTC",
+        )
+        # A run that comes due while the previous one still runs is dropped by APScheduler
+        # (max_instances=1); count it, as every skip is counted.
+        scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
+        now = time.time()
+        for number, probe in enumerate(probes):
+            scheduler.add_job(
+                self.runner.run,
+                IntervalTrigger(seconds=probe.interval, jitter=probe.effective_jitter or None),
+                args=[probe.name],
+                id=probe.name,
+                name=f"probe {probe.name}",
+                # A late run is still worth doing, but only once (coalesce) and not too late.
+                misfire_grace_time=max(1, int(probe.interval)),
+                # Staggered first runs, so the node's first numbers arrive within seconds.
+                next_run_time=_utc(now + FIRST_RUN_DELAY_S + number * 0.5),
+            )
+        return scheduler
+
+    def _overrun(self, submission: JobSubmissionEvent) -> None:
+        self.results.skip(str(submission.job_id), "still_running")
+
+    def start(self) -> None:
+        self.server.serve_in_thread()
+        self.scheduler.start()
+        config = self.config
+        host, port = self.server.server_address[:2]
+        probes = ", ".join(
+            f"{p.name} ({p.op} {len(p.sizes)} sizes every {p.interval:g} s)"
+            for p in config.probes or ()
+        )
+        event(
+            log,
+            "netmon serving",
+            listen=f"http://{_url_host(str(host))}:{port}/metrics",
+            backend=config.backend,
+            ranks=config.ranks,
+            devices=",".join(config.devices or ()),
+            probes=probes,
+            state_dir=str(config.state_dir),
+        )
+
+    def stop(self) -> None:
+        """Cancel probes, wait for them to end, save state; bounded by SHUTDOWN_GRACE_S."""
+        self.stopping.set()
+        self.scheduler.shutdown(wait=False)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        executor = self.scheduler._executors.get("default")
+        pool = getattr(executor, "_pool", None)
+        if pool is not None:
+            waiter = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
+            waiter.start()
+            waiter.join(max(0.0, deadline - time.monotonic()))
+        self.server.shutdown()
+        self.server.server_close()
+        log.info("netmon stopped")
+
+    def serve_forever(self) -> int:
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s: stopping", signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        while not self.stopping.wait(1.0):
+            pass
+        self.stop()
+        return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _utc(timestamp: float) -> object:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc)

@@ -1,0 +1,337 @@
+"""Whether GPUs may be probed now: pure decisions over NVML readings, and the sources of readings.
+
+A probe must never disturb a job. So a GPU is idle only when every one of several spaced readings
+agrees, and anything NVML cannot tell us counts against probing unless the operator says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from netmon.bandwidth import parse_size
+
+ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
+
+# Every label value a decision can carry, so an exporter can export 0 for each. The order is the
+# precedence when several apply: conditions that will not clear by themselves (NVML broken, GPU
+# gone, MIG, compute mode) come first, so the label points at what an operator must fix.
+Reason = Literal[
+    "nvml_error",
+    "gpu_missing",
+    "gpu_mig",
+    "gpu_compute_mode",
+    "gpu_busy_process",
+    "gpu_busy_utilization",
+    "gpu_busy_memory",
+    "gpu_unknown",
+]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+_RANK = {reason: rank for rank, reason in enumerate(REASONS)}
+
+
+class IdlePolicy(BaseModel):
+    """When a GPU counts as idle. Every limit must hold in every sample."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    samples: int = Field(default=3, ge=1, description="readings taken before a probe")
+    # NVML averages utilization over its own window (1/6 s to 1 s by product), so readings closer
+    # than that overlap; several of them still catch a job that is between kernels in one.
+    sample_interval: float = Field(default=0.2, ge=0, description="seconds between readings")
+    # NVML reports whole percents: the default 5 means "0-4 %"; 1 means "0 % exactly".
+    max_utilization: float = Field(default=5.0, gt=0, description="percent; busy at or above this")
+    # Counts memory of processes that are not ours (the total minus our own processes' share).
+    max_memory_used: int = Field(default=1 << 30, ge=0, description="bytes; busy above this")
+    skip_mig: bool = True
+    # EXCLUSIVE_PROCESS: our rank's context would stop a job's process from starting on the GPU.
+    require_default_compute_mode: bool = True
+    # A reading NVML could not take (utilization, memory, the process list) blocks probing: a GPU
+    # we cannot see into may be running a job. False trusts whatever could be read.
+    unknown_is_busy: bool = True
+
+    @field_validator("max_memory_used", mode="before")
+    @classmethod
+    def _memory_size(cls, value: object) -> object:
+        # A configuration file says "1G" (binary, as every size in netmon).
+        return parse_size(value) if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One NVML reading of one GPU. `index` is NVML's (PCI bus order), not CUDA's default order."""
+
+    # Lets ReplaySource load recordings through pydantic and reject misspelt keys.
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+
+    index: int
+    uuid: str
+    utilization: float | None  # percent, None if NVML cannot say
+    memory_used: int | None  # bytes on the device, everyone's
+    compute_pids: tuple[int, ...]
+    mig_enabled: bool = False
+    compute_mode: ComputeMode = "default"
+    # Per compute PID (same order), its device memory in bytes; None where NVML cannot say
+    # (Windows WDDM, some containers). Lets our own probe's memory be left out of the limit.
+    process_memory: tuple[int | None, ...] = ()
+    # False when the process list could not be read: then `compute_pids` being empty proves nothing.
+    processes_known: bool = True
+
+    def name(self) -> str:
+        return f"GPU {self.index} ({self.uuid})"
+
+
+class IdleSource(Protocol):
+    def read(self) -> list[GpuReading]:
+        """One reading of every GPU; raises when no reading could be taken at all."""
+        ...
+
+
+@dataclass(frozen=True)
+class IdleDecision:
+    idle: bool
+    reason: Reason | None  # the highest-precedence reason over all busy devices; None when idle
+    detail: str  # human text naming the GPU(s)
+    busy: dict[str, str] = field(default_factory=dict)  # device id as given -> reason
+
+
+class IdleSourceError(Exception):
+    """A source could not take a reading (NVML missing, failing, or a broken recording)."""
+
+
+def find_reading(readings: Sequence[GpuReading], device: str) -> GpuReading | None:
+    """The reading of `device`: an NVML index ("0") or a UUID ("GPU-...", any case)."""
+    device = device.strip()
+    if device.isdigit():
+        index = int(device)
+        return next((r for r in readings if r.index == index), None)
+    wanted = device.lower()
+    return next((r for r in readings if r.uuid.lower() == wanted), None)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.0f} MiB"
+
+
+def _others_memory(reading: GpuReading, own_pids: Collection[int]) -> int | None:
+    """Device memory not held by our processes; everything when our share is unknown."""
+    if reading.memory_used is None:
+        return None
+    ours = 0
+    for position, pid in enumerate(reading.compute_pids):
+        if pid not in own_pids:
+            continue
+        used = reading.process_memory[position] if position < len(reading.process_memory) else None
+        if used is None:
+            # Cannot tell our share from a job's: keep it all in, the safe direction.
+            return reading.memory_used
+        ours += used
+    return max(reading.memory_used - ours, 0)
+
+
+def _findings(
+    seen: Sequence[GpuReading | None],
+    own_pids: Collection[int],
+    policy: IdlePolicy,
+) -> list[tuple[Reason, str]]:
+    """Why a device, as `seen` in each sample, may not be probed; empty when it is idle."""
+    total = len(seen)
+    present = [r for r in seen if r is not None]
+    if len(present) < total or total == 0:
+        if not present:
+            return [("gpu_missing", "not found by NVML")]
+        gaps = [str(i + 1) for i, r in enumerate(seen) if r is None]
+        return [("gpu_missing", f"missing in sample(s) {', '.join(gaps)} of {total}")]
+
+    found: list[tuple[Reason, str]] = []
+    if policy.skip_mig and any(r.mig_enabled for r in present):
+        found.append(("gpu_mig", "MIG enabled"))
+    if policy.require_default_compute_mode:
+        modes = sorted({r.compute_mode for r in present if r.compute_mode != "default"})
+        if modes:
+            found.append(("gpu_compute_mode", f"compute mode {'/'.join(modes)}"))
+
+    foreign = sorted({p for r in present for p in r.compute_pids if p not in own_pids})
+    if foreign:
+        found.append(("gpu_busy_process", f"process(es) {', '.join(map(str, foreign))}"))
+
+    limit = policy.max_utilization
+    hot = [r.utilization for r in present if r.utilization is not None and r.utilization >= limit]
+    if hot:
+        peak = max(hot)
+        found.append(
+            (
+                "gpu_busy_utilization",
+                f"utilization up to {peak:g}% in {len(hot)} of {total} samples"
+                f" (limit under {limit:g}%)",
+            )
+        )
+
+    others = [_others_memory(r, own_pids) for r in present]
+    heavy = [m for m in others if m is not None and m > policy.max_memory_used]
+    if heavy:
+        found.append(
+            (
+                "gpu_busy_memory",
+                f"{_mib(max(heavy))} used by others (limit {_mib(policy.max_memory_used)})",
+            )
+        )
+
+    if policy.unknown_is_busy:
+        blind = []
+        if any(r.utilization is None for r in present):
+            blind.append("utilization")
+        if any(m is None for m in others):
+            blind.append("memory")
+        if not all(r.processes_known for r in present):
+            blind.append("processes")
+        if blind:
+            found.append(("gpu_unknown", f"NVML cannot report {', '.join(blind)}"))
+    return found
+
+
+def decide(
+    readings: Sequence[Sequence[GpuReading]],
+    devices: Sequence[str],
+    own_pids: Collection[int],
+    policy: IdlePolicy,
+) -> IdleDecision:
+    """Whether all of `devices` may be probed, given one list of readings per sample.
+
+    `own_pids` (the daemon and probe ranks) are ignored in process lists and, where NVML gives
+    their share, in memory. No devices (a CPU-only probe) is always idle.
+
+    NVML reports PIDs as the host sees them: a daemon in its own PID namespace (a container
+    without hostPID) must translate its PIDs first, or its own ranks look foreign.
+    """
+    busy: dict[str, Reason] = {}
+    lines: list[str] = []
+    for device in dict.fromkeys(devices):  # de-duplicated, order kept
+        seen = [find_reading(taken, device) for taken in readings]
+        found = _findings(seen, own_pids, policy)
+        if not found:
+            continue
+        busy[device] = min((reason for reason, _ in found), key=_RANK.__getitem__)
+        name = next((r.name() for r in seen if r is not None), f"GPU {device}")
+        lines.append(f"{name}: {'; '.join(text for _, text in found)}")
+    if not busy:
+        return IdleDecision(idle=True, reason=None, detail="idle", busy={})
+    reason = min(busy.values(), key=_RANK.__getitem__)
+    return IdleDecision(idle=False, reason=reason, detail=" | ".join(lines), busy={**busy})
+
+
+def source_failed(devices: Sequence[str], error: BaseException) -> IdleDecision:
+    """The decision when no reading could be taken: busy, every device blamed on NVML."""
+    return IdleDecision(
+        idle=False,
+        reason="nvml_error",
+        detail=f"NVML reading failed: {error}",
+        busy=dict.fromkeys(devices, "nvml_error"),
+    )
+
+
+def foreign_processes(
+    reading: Sequence[GpuReading], devices: Sequence[str], own_pids: Collection[int]
+) -> dict[str, tuple[int, ...]]:
+    """Compute PIDs on `devices` that are not ours, per device; used while a probe runs.
+
+    Any entry means a job has arrived and the probe must be killed. A device absent from the
+    reading, or whose process list NVML cannot give, is left out: this check can only accuse.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for device in dict.fromkeys(devices):
+        found = find_reading(reading, device)
+        if found is None:
+            continue
+        foreign = tuple(sorted({p for p in found.compute_pids if p not in own_pids}))
+        if foreign:
+            out[device] = foreign
+    return out
+
+
+def sample(
+    source: IdleSource, policy: IdlePolicy, sleep: Callable[[float], None] = time.sleep
+) -> list[list[GpuReading]]:
+    """`policy.samples` readings, `policy.sample_interval` apart (no sleep after the last).
+
+    Raises IdleSourceError, whatever the source raised: a broken NVML must mean "do not probe",
+    never a dead scheduler thread. `check` turns it into an "nvml_error" decision.
+    """
+    readings: list[list[GpuReading]] = []
+    for number in range(policy.samples):
+        if number:
+            sleep(policy.sample_interval)
+        try:
+            readings.append(list(source.read()))
+        except Exception as exc:  # NVMLError's many subclasses, or a broken recording
+            raise IdleSourceError(
+                f"reading {number + 1} of {policy.samples}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return readings
+
+
+def check(
+    source: IdleSource,
+    devices: Sequence[str],
+    own_pids: Collection[int],
+    policy: IdlePolicy,
+    sleep: Callable[[float], None] = time.sleep,
+) -> IdleDecision:
+    """Sample, then decide; a failing source gives reason "nvml_error" instead of raising."""
+    if not devices:
+        # A CPU-only probe touches no GPU: no need to read NVML, or to wait for samples.
+        return IdleDecision(idle=True, reason=None, detail="no GPUs used", busy={})
+    try:
+        readings = sample(source, policy, sleep)
+    except IdleSourceError as exc:
+        return source_failed(devices, exc)
+    return decide(readings, devices, own_pids, policy)
+
+
+_RECORDING = TypeAdapter(list[list[GpuReading]])
+
+
+class ReplaySource:
+    """Replays recorded readings in order; the last one repeats forever. Thread-safe."""
+
+    def __init__(self, samples: Sequence[Sequence[GpuReading]]) -> None:
+        if not samples:
+            raise ValueError("a replay needs at least one recorded sample")
+        self._samples = [list(s) for s in samples]
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_records(cls, data: object) -> ReplaySource:
+        """From JSON-shaped data: a list of samples, or {"samples": [...]} with other keys free."""
+        if isinstance(data, dict):
+            if "samples" not in data:
+                raise ValueError('a recording object needs a "samples" key')
+            data = data["samples"]
+        return cls(_RECORDING.validate_python(data))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> ReplaySource:
+        """From a recording file (what `--idle-replay FILE` reads); ValueError if malformed."""
+        with open(path, encoding="utf-8") as file:
+            return cls.from_records(json.load(file))
+
+    def read(self) -> list[GpuReading]:
+        with self._lock:
+            current = self._samples[min(self._next, len(self._samples) - 1)]
+            self._next += 1
+        return list(current)
+
+
+class NoGpuSource:
+    """CPU nodes: there is nothing to read, and a probe without devices is idle."""
+
+    def read(self) -> list[GpuReading]:
+        return []

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from netmon import bandwidth as bw
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8", 8),
+        ("64K", 65536),
+        ("16M", 16 << 20),
+        ("1G", 1 << 30),
+        ("1KiB", 1024),
+        ("2kb", 2048),
+        (4096, 4096),
+        ("0.5K", 512),
+    ],
+)
+def test_sizes_use_binary_suffixes_like_nccl_tests(text: str | int, expected: int) -> None:
+    assert bw.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "K", "1X", "-1", "1.3", "ten", True])
+def test_bad_sizes_say_what_is_accepted(text: str) -> None:
+    with pytest.raises(ValueError, match=r"size|whole|bytes"):
+        bw.parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1.5G", 1.5e9), ("1.5GB/s", 1.5e9), ("200M", 2e8), ("10", 10.0), (3e9, 3e9), ("1e9", 1e9)],
+)
+def test_rates_use_decimal_suffixes_like_gb_per_s(text: str | float, expected: float) -> None:
+    assert bw.parse_rate(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("60s", 60.0), ("15m", 900.0), ("1h", 3600.0), ("500ms", 0.5), (2, 2.0), ("3", 3.0)],
+)
+def test_durations(text: str | float, expected: float) -> None:
+    assert bw.parse_duration(text) == expected
+
+
+def test_bad_duration() -> None:
+    with pytest.raises(ValueError, match="duration"):
+        bw.parse_duration("soon")
+
+
+def test_sweep_matches_nccl_tests_b_e_f() -> None:
+    assert bw.size_sweep(8, 128, 2) == [8, 16, 32, 64, 128]
+    assert bw.size_sweep(1 << 20, 1 << 30, 4) == [
+        1 << 20,
+        4 << 20,
+        16 << 20,
+        64 << 20,
+        256 << 20,
+        1 << 30,
+    ]
+    with pytest.raises(ValueError):
+        bw.size_sweep(64, 8, 2)
+    with pytest.raises(ValueError):
+        bw.size_sweep(8, 64, 1)
+
+
+def test_format_size() -> None:
+    assert [bw.format_size(s) for s in (8, 65536, 16 << 20, 1 << 30, 1000)] == [
+        "8",
+        "64K",
+        "16M",
+        "1G",
+        "1000",
+    ]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 16])
+def test_bus_factors_of_performance_md(n: int) -> None:
+    assert bw.bus_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    spread_ops: tuple[bw.OpName, ...] = ("all_gather", "reduce_scatter", "alltoall")
+    for op in spread_ops:
+        assert bw.bus_factor(op, n) == pytest.approx((n - 1) / n)
+    for op in ("broadcast", "sendrecv"):
+        assert bw.bus_factor(op, n) == 1.0
+
+
+def test_busbw_for_8_gpu_all_reduce() -> None:
+    # 1 GiB in 8 ms on 8 ranks: algbw 134.2 GB/s, busbw x 1.75.
+    algbw = bw.algbw(1 << 30, 0.008)
+    assert algbw == pytest.approx(134.217728e9)
+    assert bw.busbw("all_reduce", 8, 1 << 30, 0.008) == pytest.approx(algbw * 1.75)
+    assert bw.algbw(100, 0.0) == 0.0
+
+
+def test_buffers_follow_nccl_tests_size_semantics() -> None:
+    # all_gather/reduce_scatter: S is the gathered total, rounded down to a multiple of ranks.
+    gather = bw.buffers_for("all_gather", 1 << 20, 3, "float32")
+    assert (gather.in_count, gather.out_count) == (87381, 262143)
+    assert gather.size_bytes == 262143 * 4
+    scatter = bw.buffers_for("reduce_scatter", 1 << 20, 3, "float32")
+    assert (scatter.in_count, scatter.out_count) == (262143, 87381)
+    a2a = bw.buffers_for("alltoall", 1 << 20, 3, "bfloat16")
+    assert a2a.in_count == a2a.out_count == 524286
+    reduce = bw.buffers_for("all_reduce", 8, 4, "float16")
+    assert (reduce.count, reduce.size_bytes) == (4, 8)
+    # Never an empty buffer: one element per rank at least.
+    tiny = bw.buffers_for("all_gather", 4, 8, "float32")
+    assert (tiny.in_count, tiny.size_bytes) == (1, 32)
+
+
+def test_spread_statistics() -> None:
+    s = bw.spread([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert (s.median, s.min, s.max, s.samples) == (3.0, 1.0, 5.0, 5)
+    assert s.p10 == pytest.approx(1.4)
+    assert s.p90 == pytest.approx(4.6)
+    assert s.cv == pytest.approx(math.sqrt(2) / 3)
+    single = bw.spread([2.0])
+    assert (single.cv, single.p10, single.p90) == (0.0, 2.0, 2.0)
+    with pytest.raises(ValueError):
+        bw.spread([])

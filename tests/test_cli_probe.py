@@ -1,0 +1,121 @@
+"""`netmon probe` as users run it: a real subprocess, real ranks, exit codes and documents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+NETMON = [sys.executable, "-m", "netmon"]
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NETMON, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_acceptance_command_prints_one_json_document() -> None:
+    done = run(
+        "probe",
+        "--backend",
+        "gloo",
+        "--ranks",
+        "2",
+        "--op",
+        "all_reduce",
+        "--sizes",
+        "8,64K,16M",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(done.stdout)
+    assert [r["size_bytes"] for r in doc["results"]] == [8, 65536, 16 << 20]
+    for result in doc["results"]:
+        for key in (
+            "op",
+            "size_bytes",
+            "time_s",
+            "algbw_bytes_per_second",
+            "busbw_bytes_per_second",
+            "cv",
+            "samples",
+        ):
+            assert key in result
+        assert result["op"] == "all_reduce" and result["time_s"] > 0 and result["samples"] == 20
+        assert result["busbw_bytes_per_second"] == pytest.approx(result["algbw_bytes_per_second"])
+    env = doc["environment"]
+    assert env["backend"] == "gloo" and env["ranks"] == 2 and env["torch"] and env["host"]
+    assert "nccl" in env
+    assert doc["failures"] == []
+    # Progress goes to stderr, never into the document.
+    assert "[3/3]" in done.stderr
+
+
+def test_table_looks_like_nccl_tests() -> None:
+    done = run("probe", "--backend", "gloo", "--sizes", "1K,4K", "-n", "3", "-w", "1", "-c")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if "algbw" in line)
+    for column in ("size", "count", "type", "time", "algbw", "busbw", "p10", "p90", "cv"):
+        assert column in header
+    rows = [line.split() for line in lines if not line.startswith("#") and line.strip()]
+    assert [row[0] for row in rows] == ["1024", "4096"]
+    assert all(row[2] == "float" and row[-1] == "ok" for row in rows)
+    assert "Avg bus bandwidth" in done.stdout
+
+
+def test_default_backend_is_announced_on_stderr() -> None:
+    done = run("probe", "--sizes", "8", "-n", "2", "-w", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "using gloo with 2 CPU ranks" in done.stderr
+    assert json.loads(done.stdout)["environment"]["ranks"] == 2
+
+
+def test_health_gate_exit_codes() -> None:
+    healthy = run("probe", "--backend", "gloo", "--sizes", "8,1M", "-n", "3", "--min-busbw", "1K")
+    assert healthy.returncode == 0, healthy.stderr
+    sick = run("probe", "--backend", "gloo", "--sizes", "8,1M", "-n", "3", "--min-busbw", "1T")
+    assert sick.returncode == 1
+    assert "UNHEALTHY" in sick.stderr and "1M" in sick.stderr
+
+
+def test_sweep_flags_like_nccl_tests() -> None:
+    done = run(
+        "probe", "--backend", "gloo", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    assert [r["size_bytes"] for r in json.loads(done.stdout)["results"]] == [1024, 4096, 16384]
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--sizes", "8,1X"], "--sizes"),
+        (["--op", "allreduce"], "--op"),
+        (["--min-busbw", "fast"], "--min-busbw"),
+        (["--env", "NOEQUALS"], "--env"),
+        (["--ranks", "0"], "--ranks"),
+        (["--timeout", "soon"], "--timeout"),
+        (["--sizes", "8", "-b", "8"], "--sizes"),
+        (["--dtype", "int8"], "--dtype"),
+        (["--iters", "0"], "--iters"),
+    ],
+)
+def test_usage_errors_are_one_line_naming_the_flag(args: list[str], names: str) -> None:
+    done = run("probe", "--backend", "gloo", *args, timeout=30)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert names in lines[0] and "Traceback" not in done.stderr
+
+
+def test_a_probe_that_cannot_finish_exits_3() -> None:
+    done = run(
+        "probe", "--backend", "gloo", "--sizes", "64M", "-n", "200", "--timeout", "4s", "--json"
+    )
+    assert done.returncode == 3
+    doc = json.loads(done.stdout)
+    assert doc["failures"][0]["cause"] == "timeout"
+    assert "failed" in done.stderr

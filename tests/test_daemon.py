@@ -1,0 +1,153 @@
+"""The real daemon as users run it: a subprocess probing with gloo ranks, scraped over HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
+
+CONTRACT = [
+    "netmon_busbw_bytes_per_second",
+    "netmon_algbw_bytes_per_second",
+    "netmon_latency_seconds",
+    "netmon_probe_runs_total",
+    "netmon_probe_last_success_timestamp_seconds",
+    "netmon_probe_duration_seconds",
+    "netmon_probe_busy_seconds_total",
+    "netmon_build_info",
+]
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        if daemon.proc.poll() is None:
+            daemon.kill_all()
+
+
+def start(daemons: list[DaemonProcess], tmp_path: Path, **overrides: object) -> DaemonProcess:
+    daemon = DaemonProcess(tmp_path, fast_config(tmp_path, **overrides), f"d{len(daemons)}")
+    daemons.append(daemon)
+    return daemon
+
+
+def runs(daemon: DaemonProcess) -> float:
+    return sum(series(daemon.scrape(), "netmon_probe_runs_total").values())
+
+
+def test_daemon_exports_the_contract_counts_up_and_stops_cleanly(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    daemon = start(daemons, tmp_path)
+
+    def contract_complete() -> bool:
+        samples = daemon.scrape()
+        sizes = {dict(k)["size_bytes"] for k in series(samples, "netmon_busbw_bytes_per_second")}
+        return len(sizes) == 3 and all(
+            any(v > 0 for v in series(samples, name).values()) for name in CONTRACT
+        )
+
+    wait_until(contract_complete, 60, "every contract family with a positive value")
+    samples = daemon.scrape()
+    busbw = series(samples, "netmon_busbw_bytes_per_second")
+    labels = {dict(key)["size_bytes"] for key in busbw}
+    assert labels == {"8", "1024", "65536"}
+    assert {dict(key)["path"] for key in busbw} == {"default"}
+    assert all(dict(k)["reason"] for k in series(samples, "netmon_probe_failures_total"))
+    first = runs(daemon)
+    wait_until(lambda: runs(daemon) >= first + 2, 30, "the runs counter to grow")
+    assert "measured" in daemon.get().lower() or "Measured" in daemon.get()
+    assert daemon.get("/healthz").strip() == "ok"
+
+    assert daemon.stop(timeout=10) == 0
+    assert daemon.tagged_processes() == []
+    assert "netmon stopped" in daemon.log()
+    assert (tmp_path / "state" / "baselines.json").exists()
+
+
+def test_pause_file_stops_runs_and_counts_skips(daemons: list[DaemonProcess],
+                                                 tmp_path: Path) -> None:
+    daemon = start(daemons, tmp_path)
+    wait_until(lambda: runs(daemon) >= 1, 60, "a first run")
+    pause = tmp_path / "pause"
+    pause.touch()
+
+    def paused_skips() -> float:
+        return sum(value for key, value in
+                   series(daemon.scrape(), "netmon_probe_skips_total").items()
+                   if dict(key)["reason"] == "paused")
+
+    wait_until(lambda: paused_skips() >= 1, 30, "a paused skip")
+    assert daemon.value("netmon_paused") == 1.0
+    runs_while_paused = runs(daemon)
+    skips_then = paused_skips()
+    wait_until(lambda: paused_skips() >= skips_then + 3, 30, "three more paused skips")
+    assert runs(daemon) == runs_while_paused
+    pause.unlink()
+    wait_until(lambda: runs(daemon) > runs_while_paused, 30, "runs to resume")
+    assert daemon.value("netmon_paused") == 0.0
+    assert daemon.stop() == 0
+
+
+def test_a_restart_keeps_the_baseline(daemons: list[DaemonProcess], tmp_path: Path) -> None:
+    daemon = start(daemons, tmp_path)
+    key = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
+    learned = wait_until(lambda: daemon.value("netmon_busbw_baseline_bytes_per_second", **key),
+                         60, "a learned baseline")
+    assert daemon.stop() == 0
+    saved = json.loads((tmp_path / "state" / "baselines.json").read_text())
+    assert saved["baselines"]
+    # Paused on restart, so nothing is measured: the baseline can only come from the state file.
+    (tmp_path / "pause").touch()
+    again = start(daemons, tmp_path)
+    restored = wait_until(lambda: again.value("netmon_busbw_baseline_bytes_per_second", **key),
+                          30, "the restored baseline")
+    assert restored > 0
+    assert runs(again) == 0
+    # The baseline may have learned more results after the scrape above, before the stop.
+    entry = next(b for b in saved["baselines"] if b["probe"] == "large")
+    assert min(entry["learned"]) <= restored <= max(entry["learned"])
+    assert learned > 0
+    assert again.stop() == 0
+
+
+def test_a_corrupt_state_file_is_set_aside_with_a_warning(daemons: list[DaemonProcess],
+                                                          tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "baselines.json").write_text('{"version": 1, "baselines": [{"probe": ')
+    daemon = start(daemons, tmp_path)
+    wait_until(lambda: runs(daemon) >= 1, 60, "a run despite the corrupt state")
+    assert list(state.glob("baselines.json.corrupt-*"))
+    assert "warning" in daemon.log() and "corrupt" in daemon.log().lower()
+    assert daemon.stop() == 0
+
+
+def test_serve_config_error_names_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("listen: 127.0.0.1:9464\nprobes:\n  - name: small\n    sizes: [8]\n"
+                      "    interval: soon\n")
+    done = subprocess.run([sys.executable, "-m", "netmon", "serve", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "probes[0].interval" in done.stderr
+
+
+def test_a_port_in_use_is_a_one_line_error(daemons: list[DaemonProcess], tmp_path: Path) -> None:
+    daemon = start(daemons, tmp_path)
+    config = tmp_path / "clash.yaml"
+    config.write_text(f"listen: 127.0.0.1:{daemon.port}\nbackend: gloo\n")
+    done = subprocess.run([sys.executable, "-m", "netmon", "serve", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "listen" in done.stderr and "Traceback" not in done.stderr
+    assert daemon.stop() == 0

@@ -1,0 +1,181 @@
+"""The probe engine with real rank processes: gloo over loopback, real sockets, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from netmon import bandwidth
+from netmon.bandwidth import OpName
+from netmon.probe.launcher import Launcher, run_probe
+from netmon.probe.spec import PhaseDeadlines, ProbeOutcome, ProbeSpec
+from tests.conftest import listening_ports, live_processes, shm_entries, wait_for
+
+OPS: list[OpName] = [
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "alltoall",
+    "sendrecv",
+    "all_gather_object",
+]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_is_correct_and_reports_its_bus_factor_at_3_ranks(op: OpName) -> None:
+    spec = ProbeSpec(
+        op=op, sizes=(4096, 1 << 20), ranks=3, iters=3, warmup=1, batch=2, check=True, timeout=120
+    )
+    outcome = run_probe(spec)
+    assert outcome.ok, outcome.failure
+    assert [r.check_ok for r in outcome.results] == [True, True]
+    for result in outcome.results:
+        assert result.busbw_bytes_per_second / result.algbw_bytes_per_second == pytest.approx(
+            bandwidth.bus_factor(op, 3)
+        )
+        assert result.algbw_bytes_per_second == pytest.approx(result.size_bytes / result.time_s)
+        assert result.samples == 3
+        assert result.min_s <= result.p10_s <= result.time_s <= result.p90_s <= result.max_s
+    assert outcome.environment is not None and outcome.environment.torch
+
+
+def test_dtypes_and_per_op_timing_and_chunks() -> None:
+    for dtype in ("bfloat16", "float16"):
+        outcome = run_probe(
+            ProbeSpec(
+                sizes=(8, 64 << 10),
+                dtype=dtype,
+                timing="per_op",
+                iters=4,
+                warmup=1,
+                chunks=4,
+                check=True,
+                timeout=120,
+            )
+        )
+        assert outcome.ok, outcome.failure
+        first = outcome.results[0]
+        # 8 B in 4 chunks of bf16: one element each, so S = 4 x 2 B.
+        assert (first.size_bytes, first.count, first.chunks) == (8, 4, 4)
+        assert outcome.results[1].size_bytes == 64 << 10
+        assert all(r.check_ok for r in outcome.results)
+
+
+def _launch_in_thread(
+    spec: ProbeSpec, when: str, act: Any
+) -> tuple[list[ProbeOutcome], Launcher, threading.Thread]:
+    """Run a probe in a thread and call act(launcher, event) once rank 1 reaches phase `when`."""
+    outcomes: list[ProbeOutcome] = []
+    fired = threading.Event()
+
+    def on_event(kind: str, event: dict[str, Any]) -> None:
+        if kind == "phase" and event["rank"] == 1 and event["phase"] == when and not fired.is_set():
+            fired.set()
+            act(launcher, event)
+
+    launcher = Launcher(spec, on_event=on_event)
+    thread = threading.Thread(target=lambda: outcomes.append(launcher.run()))
+    thread.start()
+    return outcomes, launcher, thread
+
+
+LONG_MEASURE = dict(sizes=(16 << 20,), iters=500, warmup=1, ranks=2)
+
+
+def test_a_stopped_rank_fails_the_probe_within_its_deadline_and_leaves_nothing() -> None:
+    shm_before = shm_entries()
+    ports: list[int] = []
+    timeout = 8.0
+    spec = ProbeSpec(timeout=timeout, deadlines=PhaseDeadlines().capped(timeout), **LONG_MEASURE)
+    started = time.monotonic()
+    outcomes, launcher, thread = _launch_in_thread(
+        spec, "measure", lambda launcher, _: os.kill(launcher.pids[1], signal.SIGSTOP)
+    )
+    thread.join(timeout + 15)
+    elapsed = time.monotonic() - started
+    assert not thread.is_alive()
+    failure = outcomes[0].failure
+    assert failure is not None
+    assert elapsed < timeout + 5, elapsed
+    assert (failure.cause, failure.phase, failure.rank) == ("timeout", "measure", 1)
+    assert "stopped" in failure.detail
+    assert failure.reason == "timeout_measure"
+    assert live_processes(launcher.pids) == []
+    assert shm_entries() <= shm_before
+    del ports
+
+
+def test_a_killed_rank_fails_the_probe_naming_it_and_leaves_nothing() -> None:
+    store_ports: list[int] = []
+
+    def capture(kind: str, event: dict[str, Any]) -> None:
+        if kind == "store":
+            store_ports.append(int(event["port"]))
+
+    spec = ProbeSpec(timeout=60, **LONG_MEASURE)
+    started = time.monotonic()
+    outcomes, launcher, thread = _launch_in_thread(
+        spec, "measure", lambda launcher, _: os.kill(launcher.pids[1], signal.SIGKILL)
+    )
+    thread.join(70)
+    failure = outcomes[0].failure
+    assert failure is not None
+    assert time.monotonic() - started < 30
+    assert (failure.cause, failure.rank, failure.phase) == ("signal", 1, "measure")
+    assert "SIGKILL" in failure.detail
+    assert failure.reason == "rank_signal"
+    assert live_processes(launcher.pids) == []
+
+
+def test_the_rendezvous_port_is_released_after_a_probe() -> None:
+    ports: list[int] = []
+    launcher = Launcher(
+        ProbeSpec(sizes=(8,), iters=2, warmup=0),
+        on_event=lambda kind, ev: ports.append(ev["port"]) if kind == "store" else None,
+    )
+    outcome = launcher.run()
+    assert outcome.ok, outcome.failure
+    assert len(ports) == 1
+    assert ports[0] not in listening_ports()
+    assert live_processes(launcher.pids) == []
+
+
+def test_a_rank_exception_is_reported_with_its_message() -> None:
+    # A wrapper that makes rank 1 a program that is not python: it exits 127 at spawn.
+    spec = ProbeSpec(
+        sizes=(8,),
+        iters=1,
+        warmup=0,
+        timeout=60,
+        wrapper=(
+            "sh",
+            "-c",
+            'if [ {rank} = 1 ]; then echo boom >&2; exit 7; fi; exec "$@"',
+            "wrapper",
+        ),
+    )
+    outcome = run_probe(spec)
+    failure = outcome.failure
+    assert failure is not None
+    assert (failure.cause, failure.rank, failure.phase) == ("exit", 1, "spawn")
+    assert "status 7" in failure.detail and "boom" in failure.detail
+
+
+def test_abort_request_stops_the_probe_quickly() -> None:
+    requested = threading.Event()
+    spec = ProbeSpec(timeout=60, **LONG_MEASURE)
+    outcomes, launcher, thread = _launch_in_thread(spec, "measure", lambda *_: requested.set())
+    launcher.abort = lambda: "paused" if requested.is_set() else None
+    wait_for(requested.is_set, 30, "rank 1 to start measuring")
+    stopped_at = time.monotonic()
+    thread.join(20)
+    assert time.monotonic() - stopped_at < 5
+    failure = outcomes[0].failure
+    assert failure is not None and failure.cause == "cancelled" and failure.reason == "paused"
+    assert live_processes(launcher.pids) == []
