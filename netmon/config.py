@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_rate, parse_size, size_sweep
 from netmon.baseline import BaselinePolicy
-from netmon.errors import UsageError, describe_validation_error
+from netmon.errors import UsageError, describe_validation_error, field_path
 from netmon.idle import IdlePolicy
 from netmon.probe.spec import Backend, Timing
 
@@ -37,6 +37,13 @@ class _Strict(BaseModel):
 
 def _duration(value: object) -> object:
     return parse_duration(value) if isinstance(value, (str, int, float)) else value
+
+
+def _size(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except OverflowError:  # digits beyond a float's range: a ValueError, so the field is named
+        raise ValueError("the size is too large") from None
 
 
 class ProbeConfig(_Strict):
@@ -62,7 +69,7 @@ class ProbeConfig(_Strict):
     @field_validator("name", "path")
     @classmethod
     def _label_safe(cls, value: str) -> str:
-        if not _NAME.match(value):
+        if not _NAME.fullmatch(value):  # fullmatch: "$" would let a trailing newline in
             raise ValueError("use 1-32 characters: lowercase letters, digits, _ (a label value)")
         return value
 
@@ -73,13 +80,14 @@ class ProbeConfig(_Strict):
             extra = set(value) - {"min", "max", "factor"}
             if extra or "min" not in value or "max" not in value:
                 raise ValueError("a sweep is {min: 8, max: 64K, factor: 2}")
-            return size_sweep(
-                parse_size(value["min"]), parse_size(value["max"]), int(value.get("factor", 2))
-            )
+            factor = value.get("factor", 2)
+            if isinstance(factor, bool) or not isinstance(factor, int):
+                raise ValueError(f"the sweep factor must be a whole number >= 2 (got {factor!r})")
+            return size_sweep(_size(value["min"]), _size(value["max"]), factor)
         if isinstance(value, (str, int)):
             value = [part for part in str(value).split(",") if part.strip()]
         if isinstance(value, (list, tuple)):
-            return tuple(parse_size(v) for v in value)
+            return tuple(_size(v) for v in value)
         return value
 
     @field_validator("sizes")
@@ -97,15 +105,23 @@ class ProbeConfig(_Strict):
     @field_validator("min_busbw", mode="before")
     @classmethod
     def _rate(cls, value: object) -> object:
-        return parse_rate(value) if isinstance(value, (str, int, float)) else value
+        try:
+            return parse_rate(value) if isinstance(value, (str, int, float)) else value
+        except OverflowError:
+            raise ValueError("the rate is too large") from None
 
     @field_validator("devices", mode="before")
     @classmethod
     def _device_list(cls, value: object) -> object:
-        if isinstance(value, (str, int)):
-            return tuple(part.strip() for part in str(value).split(",") if part.strip())
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            value = [part for part in str(value).split(",") if part.strip()]
         if isinstance(value, (list, tuple)):
-            return tuple(str(v) for v in value)
+            # Only indexes and UUIDs: str() of anything else would name a GPU that never exists.
+            ok = all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
+            items = tuple(str(v).strip() for v in value)
+            if not ok or not items or not all(items):
+                raise ValueError("give one or more GPU indexes or UUIDs, like [0, 1] or 0,1")
+            return items
         return value
 
     @property
@@ -134,7 +150,7 @@ class NetmonConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        match = _LISTEN.match(value)
+        match = _LISTEN.fullmatch(value)
         if not match or not 0 <= int(match.group("port")) < 65536:
             raise ValueError("use HOST:PORT, like 127.0.0.1:9464 or [::1]:9464 (port 0: any free)")
         return value
@@ -203,7 +219,7 @@ def _env_overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any]]:
         path = [part.lower() for part in key[len(ENV_PREFIX) :].split("__")]
         try:
             value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
+        except Exception:  # not YAML (PyYAML also raises ValueError, KeyError...): the string
             value = raw
         overrides.append((path, value))
     return overrides
@@ -239,9 +255,13 @@ def load_document(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the configuration ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}); YAML must be UTF-8"
+        ) from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -249,6 +269,10 @@ def load_document(path: Path | None) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
+    except Exception as exc:  # PyYAML's constructors: 2001-13-01, !!int x, !!bool maybe
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -287,10 +311,20 @@ def parse_config(document: Mapping[str, Any], source: str = "config") -> NetmonC
         message = describe_validation_error(exc)
         if first["type"] == "extra_forbidden":
             accepted = _accepted_fields(tuple(first["loc"]))
-            message = f"{message.split(':')[0]}: unknown setting; accepted: {accepted}"
+            where = field_path(tuple(first["loc"])).replace("\n", " ")  # the key as written
+            message = f"{where}: unknown setting; accepted: {accepted}"
         raise ConfigError(f"{source}: {message}") from None
     except ValueError as exc:  # raised by our parsers outside pydantic's wrapping
         raise ConfigError(f"{source}: {exc}") from None
+    except (TypeError, ArithmeticError, RecursionError) as exc:
+        # pydantic passes these through from a validator without the field's name, e.g.
+        # OverflowError from bandwidth.parse_size("<400 digits>K") in idle.max_memory_used.
+        raise ConfigError(f"{source}: a value is out of range: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> NetmonConfig:

@@ -49,11 +49,13 @@ SKIP_REASONS = (
     "gpu_busy_process",
     "gpu_busy_utilization",
     "gpu_busy_memory",
+    "gpu_unknown",
     "gpu_mig",
     "gpu_compute_mode",
     "gpu_missing",
     "nvml_error",
     "shutting_down",
+    "still_running",
 )
 
 
@@ -277,9 +279,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def _not_allowed(self) -> None:
-        self._send(
-            405, b"method not allowed\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"}
-        )
+        # The request body is never read, so the connection cannot carry another request.
+        headers = {"Allow": "GET, HEAD", "Connection": "close"}
+        self._send(405, b"method not allowed\n", "text/plain; charset=utf-8", headers)
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
 

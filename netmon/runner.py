@@ -28,9 +28,6 @@ from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec
 
 log = logging.getLogger(__name__)
 
-# How often a running probe re-reads NVML for foreign processes (the pause file is checked at
-# every launcher poll, as a stat is cheap).
-FOREIGN_CHECK_S = 1.0
 STATE_FILE = "baselines.json"
 
 
@@ -274,6 +271,9 @@ class ProbeRunner:
         self.stopping = stopping
         self.launcher = launcher
         self._probes = {p.name: p for p in config.probes or ()}
+        # How often a running probe re-reads NVML for foreign processes (the pause file is
+        # checked at every launcher poll, as a stat is cheap).
+        self.foreign_check_s = 1.0
 
     def paused(self) -> bool:
         pause = self.config.pause_file
@@ -317,7 +317,7 @@ class ProbeRunner:
         self._log_outcome(probe, outcome)
 
     def _abort_check(self, spec: ProbeSpec, launcher: Launcher) -> Callable[[], str | None]:
-        next_look = [time.monotonic() + FOREIGN_CHECK_S]
+        next_look = [time.monotonic() + self.foreign_check_s]
 
         def abort() -> str | None:
             if self.stopping.is_set():
@@ -325,7 +325,7 @@ class ProbeRunner:
             if self.paused():
                 return "paused"
             if spec.devices and time.monotonic() >= next_look[0]:
-                next_look[0] = time.monotonic() + FOREIGN_CHECK_S
+                next_look[0] = time.monotonic() + self.foreign_check_s
                 try:
                     reading = self.idle_source.read()
                 except Exception:  # NVML hiccup: keep probing; the next look may succeed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
 
-_SERVING = re.compile(r"listen=http://127\.0\.0\.1:(\d+)/metrics")
+_SERVING = re.compile(r"listen\W+http://127\.0\.0\.1:(\d+)/metrics")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -32,8 +33,14 @@ def fast_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         "pause_file": str(tmp_path / "pause"),
         "probes": [
             {"name": "small", "sizes": [8, "1K"], "interval": "1s", "iters": 3, "warmup": 1},
-            {"name": "large", "sizes": ["64K"], "interval": "2s", "iters": 3, "warmup": 1,
-             "min_busbw": "1K"},
+            {
+                "name": "large",
+                "sizes": ["64K"],
+                "interval": "2s",
+                "iters": 3,
+                "warmup": 1,
+                "min_busbw": "1K",
+            },
         ],
         "baseline": {"min_samples": 2, "window": 5},
     }
@@ -52,7 +59,9 @@ class DaemonProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "netmon", "serve", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         self.port = int(wait_for(self._port, 60, "the daemon to listen"))
 
@@ -106,10 +115,8 @@ class DaemonProcess:
 
     def kill_all(self) -> None:
         for pid in [*self.tagged_processes(), self.proc.pid]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait()
 
 

@@ -66,6 +66,9 @@ def test_daemon_exports_the_contract_counts_up_and_stops_cleanly(
     wait_until(lambda: runs(daemon) >= first + 2, 30, "the runs counter to grow")
     assert "measured" in daemon.get().lower() or "Measured" in daemon.get()
     assert daemon.get("/healthz").strip() == "ok"
+    # The daemon itself never loads torch or CUDA: only its rank processes do.
+    maps = Path(f"/proc/{daemon.proc.pid}/maps").read_text()
+    assert "libtorch" not in maps and "libcuda" not in maps and "libc10" not in maps
 
     assert daemon.stop(timeout=10) == 0
     assert daemon.tagged_processes() == []
@@ -73,17 +76,20 @@ def test_daemon_exports_the_contract_counts_up_and_stops_cleanly(
     assert (tmp_path / "state" / "baselines.json").exists()
 
 
-def test_pause_file_stops_runs_and_counts_skips(daemons: list[DaemonProcess],
-                                                 tmp_path: Path) -> None:
+def test_pause_file_stops_runs_and_counts_skips(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
     daemon = start(daemons, tmp_path)
     wait_until(lambda: runs(daemon) >= 1, 60, "a first run")
     pause = tmp_path / "pause"
     pause.touch()
 
     def paused_skips() -> float:
-        return sum(value for key, value in
-                   series(daemon.scrape(), "netmon_probe_skips_total").items()
-                   if dict(key)["reason"] == "paused")
+        return sum(
+            value
+            for key, value in series(daemon.scrape(), "netmon_probe_skips_total").items()
+            if dict(key)["reason"] == "paused"
+        )
 
     wait_until(lambda: paused_skips() >= 1, 30, "a paused skip")
     assert daemon.value("netmon_paused") == 1.0
@@ -100,16 +106,22 @@ def test_pause_file_stops_runs_and_counts_skips(daemons: list[DaemonProcess],
 def test_a_restart_keeps_the_baseline(daemons: list[DaemonProcess], tmp_path: Path) -> None:
     daemon = start(daemons, tmp_path)
     key = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
-    learned = wait_until(lambda: daemon.value("netmon_busbw_baseline_bytes_per_second", **key),
-                         60, "a learned baseline")
+    learned = wait_until(
+        lambda: daemon.value("netmon_busbw_baseline_bytes_per_second", **key),
+        60,
+        "a learned baseline",
+    )
     assert daemon.stop() == 0
     saved = json.loads((tmp_path / "state" / "baselines.json").read_text())
     assert saved["baselines"]
     # Paused on restart, so nothing is measured: the baseline can only come from the state file.
     (tmp_path / "pause").touch()
     again = start(daemons, tmp_path)
-    restored = wait_until(lambda: again.value("netmon_busbw_baseline_bytes_per_second", **key),
-                          30, "the restored baseline")
+    restored = wait_until(
+        lambda: again.value("netmon_busbw_baseline_bytes_per_second", **key),
+        30,
+        "the restored baseline",
+    )
     assert restored > 0
     assert runs(again) == 0
     # The baseline may have learned more results after the scrape above, before the stop.
@@ -119,8 +131,9 @@ def test_a_restart_keeps_the_baseline(daemons: list[DaemonProcess], tmp_path: Pa
     assert again.stop() == 0
 
 
-def test_a_corrupt_state_file_is_set_aside_with_a_warning(daemons: list[DaemonProcess],
-                                                          tmp_path: Path) -> None:
+def test_a_corrupt_state_file_is_set_aside_with_a_warning(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
     state = tmp_path / "state"
     state.mkdir()
     (state / "baselines.json").write_text('{"version": 1, "baselines": [{"probe": ')
@@ -133,10 +146,15 @@ def test_a_corrupt_state_file_is_set_aside_with_a_warning(daemons: list[DaemonPr
 
 def test_serve_config_error_names_the_field(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
-    config.write_text("listen: 127.0.0.1:9464\nprobes:\n  - name: small\n    sizes: [8]\n"
-                      "    interval: soon\n")
-    done = subprocess.run([sys.executable, "-m", "netmon", "serve", "--config", str(config)],
-                          capture_output=True, text=True, timeout=60)
+    config.write_text(
+        "listen: 127.0.0.1:9464\nprobes:\n  - name: small\n    sizes: [8]\n    interval: soon\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "probes[0].interval" in done.stderr
@@ -146,8 +164,53 @@ def test_a_port_in_use_is_a_one_line_error(daemons: list[DaemonProcess], tmp_pat
     daemon = start(daemons, tmp_path)
     config = tmp_path / "clash.yaml"
     config.write_text(f"listen: 127.0.0.1:{daemon.port}\nbackend: gloo\n")
-    done = subprocess.run([sys.executable, "-m", "netmon", "serve", "--config", str(config)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert "listen" in done.stderr and "Traceback" not in done.stderr
     assert daemon.stop() == 0
+
+
+def test_sigterm_kills_an_in_flight_probe_and_exits_0(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    long_probe = {"name": "long", "sizes": ["16M"], "interval": "1h", "iters": 500, "warmup": 1}
+    daemon = start(daemons, tmp_path, probes=[long_probe])
+    wait_until(lambda: runs(daemon) == 1, 60, "the long probe to start")
+    wait_until(lambda: len(daemon.tagged_processes()) >= 3, 30, "its two ranks to exist")
+    assert daemon.value("netmon_probe_last_run_timestamp_seconds", probe="long") is None
+    assert daemon.stop(timeout=10) == 0
+    assert daemon.tagged_processes() == []
+    assert "reason=shutdown" in daemon.log()
+
+
+def test_a_failing_probe_is_counted_by_reason_and_the_daemon_keeps_serving(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    doomed = {
+        "name": "doomed",
+        "sizes": ["16M"],
+        "interval": "1s",
+        "iters": 500,
+        "warmup": 1,
+        "timeout": "6s",
+    }
+    daemon = start(daemons, tmp_path, probes=[doomed], logging={"format": "json"})
+
+    def timeouts() -> float:
+        # timeout_measure, unless a loaded machine is slow to even start the ranks.
+        failures = series(daemon.scrape(), "netmon_probe_failures_total")
+        return sum(v for k, v in failures.items() if dict(k)["reason"].startswith("timeout_"))
+
+    wait_until(lambda: timeouts() >= 2, 60, "two counted timeouts")
+    assert daemon.get("/healthz").strip() == "ok"
+    assert daemon.value("netmon_probe_last_success_timestamp_seconds", probe="doomed") is None
+    lines = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
+    failed = [line for line in lines if line.get("outcome") == "failed"]
+    assert failed and failed[0]["probe"] == "doomed" and failed[0]["reason"].startswith("timeout_")
+    assert daemon.stop() == 0
+    assert daemon.tagged_processes() == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -179,3 +181,17 @@ def test_abort_request_stops_the_probe_quickly() -> None:
     failure = outcomes[0].failure
     assert failure is not None and failure.cause == "cancelled" and failure.reason == "paused"
     assert live_processes(launcher.pids) == []
+
+
+def test_the_launching_process_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from netmon.probe.launcher import run_probe\n"
+        "from netmon.probe.spec import ProbeSpec\n"
+        "outcome = run_probe(ProbeSpec(sizes=(8,), iters=1, warmup=0))\n"
+        "assert outcome.ok, outcome.failure\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

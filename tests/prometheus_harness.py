@@ -1,0 +1,88 @@
+"""A real Prometheus (Debian's package) started on a free loopback port, queried over its API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        pytest.fail(
+            f"{binary} is not installed: install Debian's prometheus package (.ci/run does)"
+        )
+    return path
+
+
+class Prometheus:
+    def __init__(
+        self, tmp_path: Path, targets: list[str], rule_files: tuple[Path, ...] = ()
+    ) -> None:
+        binary = require("prometheus")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": "netmon", "static_configs": [{"targets": targets}]}],
+        }
+        config_path = tmp_path / "prometheus.yml"
+        config_path.write_text(yaml.safe_dump(config))
+        self.port = free_port()
+        self.log_path = tmp_path / "prometheus.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    binary,
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(self._ready, 60, "prometheus to be ready", poll=0.2)
+
+    def _ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def query(self, expression: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": expression}
+        )
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document = json.load(response)
+        assert document["status"] == "success", document
+        result: list[dict[str, Any]] = document["data"]["result"]
+        return result
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

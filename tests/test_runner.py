@@ -1,0 +1,121 @@
+"""The scheduled run's decisions, with a replayed NVML and no real GPU: skips and preemption."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from netmon import baseline, idle
+from netmon.config import parse_config, resolve
+from netmon.probe.launcher import Launcher
+from netmon.runner import DeviceLocks, ProbeRunner, Results, spec_for
+
+
+def _reading(index: int, pids: tuple[int, ...] = (), utilization: float = 0.0) -> idle.GpuReading:
+    return idle.GpuReading(
+        index=index, uuid=f"GPU-{index}", utilization=utilization, memory_used=0, compute_pids=pids
+    )
+
+
+def _runner(
+    tmp_path: Path, source: idle.IdleSource, launcher: Any = Launcher
+) -> tuple[ProbeRunner, Results]:
+    config = resolve(
+        parse_config(
+            {
+                "backend": "nccl",
+                "devices": ["0", "1"],
+                "state_dir": str(tmp_path),
+                "pause_file": str(tmp_path / "pause"),
+                "probes": [{"name": "small", "sizes": [8], "interval": "1s"}],
+                "idle": {"samples": 2, "sample_interval": 0},
+            }
+        ),
+        gpus=2,
+    )
+    results = Results(config, baseline.BaselineBook(config.baseline), None)
+    return ProbeRunner(
+        config, results, DeviceLocks(), source, threading.Event(), launcher=launcher
+    ), results
+
+
+class _NeverLaunch:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a probe was launched on a busy GPU")
+
+
+def test_a_busy_gpu_is_skipped_with_its_reason_and_never_probed(tmp_path: Path) -> None:
+    busy = idle.ReplaySource([[_reading(0), _reading(1, pids=(4242,))]])
+    runner, results = _runner(tmp_path, busy, launcher=_NeverLaunch)
+    runner.run("small")
+    stats = results.snapshot().probes["small"]
+    assert stats.runs == 0 and stats.skips == {"gpu_busy_process": 1}
+
+
+def test_utilization_in_one_sample_is_enough_to_skip(tmp_path: Path) -> None:
+    flicker = idle.ReplaySource(
+        [[_reading(0), _reading(1)], [_reading(0, utilization=90), _reading(1)]]
+    )
+    runner, results = _runner(tmp_path, flicker, launcher=_NeverLaunch)
+    runner.run("small")
+    assert results.snapshot().probes["small"].skips == {"gpu_busy_utilization": 1}
+
+
+def test_pause_file_skips_before_reading_nvml(tmp_path: Path) -> None:
+    runner, results = _runner(tmp_path, idle.ReplaySource([[]]), launcher=_NeverLaunch)
+    (tmp_path / "pause").touch()
+    runner.run("small")
+    assert results.snapshot().probes["small"].skips == {"paused": 1}
+    assert results.snapshot().paused
+
+
+def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
+    runner, _ = _runner(tmp_path, idle.ReplaySource([[_reading(0), _reading(1)]]))
+    spec = spec_for(runner.config.probes[0], runner.config)  # type: ignore[index]
+    launcher = Launcher(spec)
+    launcher.pids = [os.getpid() + 1]
+    runner.foreign_check_s = 0.0
+    abort = runner._abort_check(spec, launcher)
+    assert abort() is None  # only our own processes: the daemon's and the ranks'
+    source_with_ranks = idle.ReplaySource([[_reading(0, pids=(launcher.pids[0],)), _reading(1)]])
+    runner.idle_source = source_with_ranks
+    assert abort() is None
+    runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
+    assert abort() == "preempted"
+    runner.stopping.set()
+    assert abort() == "shutdown"
+
+
+def test_device_locks_are_fair(tmp_path: Path) -> None:
+    locks = DeviceLocks()
+    order: list[str] = []
+    first_holds = threading.Event()
+    release = threading.Event()
+
+    def hold(name: str, keys: frozenset[str], signal: threading.Event | None = None) -> None:
+        with locks.hold(keys, timeout=10) as got:
+            assert got
+            order.append(name)
+            if signal is not None:
+                signal.set()
+                release.wait(10)
+
+    first = threading.Thread(target=hold, args=("first", frozenset({"cpu"}), first_holds))
+    first.start()
+    first_holds.wait(10)
+    rare = threading.Thread(target=hold, args=("rare", frozenset({"cpu"})))
+    rare.start()
+    while not locks._queue:
+        threading.Event().wait(0.01)
+    frequent = threading.Thread(target=hold, args=("frequent", frozenset({"cpu"})))
+    frequent.start()
+    while len(locks._queue) < 2:
+        threading.Event().wait(0.01)
+    release.set()
+    for thread in (first, rare, frequent):
+        thread.join(10)
+    assert order == ["first", "rare", "frequent"]
+    with locks.hold(frozenset({"gpu0"}), timeout=0.1) as got:
+        assert got
