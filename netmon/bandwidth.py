@@ -60,6 +60,8 @@ def parse_size(text: str | int) -> int:
     if not match:
         raise ValueError(f"{text!r} is not a size; use bytes with an optional K, M, G suffix (64K)")
     value = float(match.group(1)) * _BINARY[match.group(2).upper()]
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is too large for a size")
     if value != int(value):
         raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)

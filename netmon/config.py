@@ -198,6 +198,8 @@ def resolve(config: NetmonConfig, gpus: int) -> NetmonConfig:
     backend = config.backend or ("nccl" if gpus else "gloo")
     updates: dict[str, Any] = {"backend": backend}
     if backend == "nccl" and config.devices is None:
+        if not gpus:  # no devices: every run would fail building its spec (ranks 0)
+            raise ConfigError("backend: nccl needs GPUs and none were found; use gloo or devices")
         updates["devices"] = tuple(str(i) for i in range(gpus))
     if backend == "gloo" and config.ranks is None:
         updates["ranks"] = 2

@@ -24,7 +24,7 @@ from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exporter import ProbeStats, SeriesPoint, Snapshot, VerdictPoint
 from netmon.logs import event
 from netmon.probe.launcher import Launcher
-from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec
+from netmon.probe.spec import ProbeOutcome, ProbeSpec
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,14 @@ class Results:
         with self._lock:
             tally = self._tallies[probe]
             tally.skips[reason] = tally.skips.get(reason, 0) + 1
+            self._snapshot = self._build_snapshot()
+
+    def failed_internally(self, probe: str) -> None:
+        """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
+        with self._lock:
+            tally = self._tallies[probe]
+            tally.failures["internal"] = tally.failures.get("internal", 0) + 1
+            tally.last_run = time.time()
             self._snapshot = self._build_snapshot()
 
     def started(self, probe: str) -> None:
@@ -285,7 +293,7 @@ class ProbeRunner:
             self._run(probe)
         except Exception:  # a bug here must not kill the scheduler thread or the daemon
             log.exception("probe %s: internal error", name)
-            self.results.finished(probe, _internal_failure(spec_for(probe, self.config)))
+            self.results.failed_internally(name)
 
     def _skip(self, probe: ProbeConfig, reason: str, detail: str) -> None:
         self.results.skip(probe.name, reason)
@@ -362,8 +370,3 @@ class ProbeRunner:
 
 def _python() -> str:
     return sys.executable
-
-
-def _internal_failure(spec: ProbeSpec) -> ProbeOutcome:
-    failure = ProbeFailure(phase="spawn", rank=None, cause="internal", detail="internal error")
-    return ProbeOutcome(spec=spec, failure=failure, started_at=time.time(), wall_s=0.0)

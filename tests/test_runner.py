@@ -119,3 +119,14 @@ def test_device_locks_are_fair(tmp_path: Path) -> None:
     assert order == ["first", "rare", "frequent"]
     with locks.hold(frozenset({"gpu0"}), timeout=0.1) as got:
         assert got
+
+
+def test_an_internal_error_is_counted_not_raised(tmp_path: Path) -> None:
+    class Broken:
+        def read(self) -> list[idle.GpuReading]:
+            raise idle.IdleSourceError("unused")
+
+    runner, results = _runner(tmp_path, Broken())
+    runner.locks = None  # type: ignore[assignment]  # any bug inside a run
+    runner.run("small")
+    assert results.snapshot().probes["small"].failures == {"internal": 1}

@@ -1,0 +1,688 @@
+"""The metric contract: snapshots built by hand rendered by the collector, the real HTTP server on a
+loopback port, and Results turning hand-made probe outcomes into snapshots, baselines and state."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import re
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import get_args
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from netmon import baseline, idle
+from netmon.bandwidth import bus_factor
+from netmon.config import NetmonConfig, ProbeConfig, parse_config
+from netmon.exporter import (
+    FAILURE_REASONS,
+    SERIES_LABELS,
+    SKIP_REASONS,
+    MetricsServer,
+    ProbeStats,
+    SeriesPoint,
+    Snapshot,
+    make_registry,
+)
+from netmon.probe.spec import (
+    PHASES,
+    FailureCause,
+    ProbeEnvironment,
+    ProbeFailure,
+    ProbeOutcome,
+    SizeResult,
+)
+from netmon.runner import Results, spec_for
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
+MIB = 1 << 20
+T0 = 1_700_000_000.0
+
+SMALL = SeriesPoint(
+    probe="small",
+    op="all_reduce",
+    size_bytes=8,
+    path="default",
+    busbw=1.5e6,
+    algbw=0.75e6,
+    latency_s=2.5e-5,
+    cv=0.04,
+    measured_at=T0 + 10,
+)
+LARGE = SeriesPoint(
+    probe="large",
+    op="all_reduce",
+    size_bytes=256 * MIB,
+    path="nv4",
+    busbw=90e9,
+    algbw=45e9,
+    latency_s=5.96e-3,
+    cv=0.01,
+    measured_at=T0 + 20,
+    baseline=100e9,
+    ratio=0.9,
+    degraded=True,
+    min_busbw=1e9,
+)
+SNAPSHOT = Snapshot(
+    series=(SMALL, LARGE),
+    probes={
+        "small": ProbeStats(
+            runs=7,
+            failures={"timeout_measure": 2, "rank_exit": 1},
+            skips={"paused": 3},
+            last_success=T0 + 10,
+            last_run=T0 + 11,
+            duration_s=4.5,
+            busy_seconds=9.0,
+            interval_s=60.0,
+        ),
+        "large": ProbeStats(
+            runs=1,
+            last_success=T0 + 20,
+            last_run=T0 + 20,
+            duration_s=30.0,
+            busy_seconds=240.0,
+            peak_device_memory=2 << 30,
+            interval_s=900.0,
+        ),
+    },
+    build={"version": "0.1.0", "torch": "2.4.0", "nccl": "2.21.5"},
+    started_at=T0,
+)
+
+SERIES_FAMILIES = (
+    "netmon_busbw_bytes_per_second",
+    "netmon_algbw_bytes_per_second",
+    "netmon_latency_seconds",
+    "netmon_latency_variation_ratio",
+    "netmon_measurement_timestamp_seconds",
+    "netmon_busbw_baseline_bytes_per_second",
+    "netmon_busbw_baseline_ratio",
+    "netmon_degraded",
+    "netmon_busbw_threshold_bytes_per_second",
+)
+
+
+def labels(point: SeriesPoint) -> dict[str, str]:
+    return dict(zip(SERIES_LABELS, point.labels(), strict=True))
+
+
+def value(registry: CollectorRegistry, name: str, **label_values: str) -> float | None:
+    return registry.get_sample_value(name, label_values)
+
+
+def exposition(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
+
+
+# --- the collector over hand-made snapshots
+
+
+def test_series_families_carry_the_latest_measurement() -> None:
+    registry = make_registry(lambda: SNAPSHOT)
+    small, large = labels(SMALL), labels(LARGE)
+
+    assert value(registry, "netmon_busbw_bytes_per_second", **small) == 1.5e6
+    assert value(registry, "netmon_algbw_bytes_per_second", **small) == 0.75e6
+    assert value(registry, "netmon_latency_seconds", **small) == 2.5e-5
+    assert value(registry, "netmon_latency_variation_ratio", **small) == 0.04
+    assert value(registry, "netmon_measurement_timestamp_seconds", **small) == T0 + 10
+    assert value(registry, "netmon_degraded", **small) == 0.0
+    # No baseline learned yet, no threshold configured: those series are absent, not 0.
+    assert value(registry, "netmon_busbw_baseline_bytes_per_second", **small) is None
+    assert value(registry, "netmon_busbw_baseline_ratio", **small) is None
+    assert value(registry, "netmon_busbw_threshold_bytes_per_second", **small) is None
+
+    assert large == {"probe": "large", "op": "all_reduce", "size_bytes": "268435456", "path": "nv4"}
+    assert value(registry, "netmon_busbw_bytes_per_second", **large) == 90e9
+    assert value(registry, "netmon_busbw_baseline_bytes_per_second", **large) == 100e9
+    assert value(registry, "netmon_busbw_baseline_ratio", **large) == 0.9
+    assert value(registry, "netmon_degraded", **large) == 1.0
+    assert value(registry, "netmon_busbw_threshold_bytes_per_second", **large) == 1e9
+
+
+def test_probe_families_count_runs_failures_and_skips() -> None:
+    registry = make_registry(lambda: SNAPSHOT)
+
+    assert value(registry, "netmon_probe_runs_total", probe="small") == 7
+    assert value(registry, "netmon_probe_runs_total", probe="large") == 1
+    failures = "netmon_probe_failures_total"
+    assert value(registry, failures, probe="small", reason="timeout_measure") == 2
+    assert value(registry, failures, probe="small", reason="rank_exit") == 1
+    assert value(registry, "netmon_probe_skips_total", probe="small", reason="paused") == 3
+    assert value(registry, "netmon_probe_busy_seconds_total", probe="large") == 240.0
+    assert value(registry, "netmon_probe_last_success_timestamp_seconds", probe="small") == T0 + 10
+    assert value(registry, "netmon_probe_last_run_timestamp_seconds", probe="small") == T0 + 11
+    assert value(registry, "netmon_probe_duration_seconds", probe="large") == 30.0
+    assert value(registry, "netmon_probe_peak_device_memory_bytes", probe="large") == 2 << 30
+    assert value(registry, "netmon_probe_peak_device_memory_bytes", probe="small") is None
+    assert value(registry, "netmon_probe_interval_seconds", probe="large") == 900.0
+    build = {"version": "0.1.0", "torch": "2.4.0", "nccl": "2.21.5"}
+    assert value(registry, "netmon_build_info", **build) == 1.0
+    assert value(registry, "netmon_paused") == 0.0
+    assert value(registry, "netmon_start_time_seconds") == T0
+
+
+def test_known_reasons_are_exported_as_zero_from_the_start() -> None:
+    fresh = Snapshot(probes={"small": ProbeStats(interval_s=60.0)})
+    registry = make_registry(lambda: fresh)
+
+    for reason in FAILURE_REASONS:
+        assert value(registry, "netmon_probe_failures_total", probe="small", reason=reason) == 0
+    for reason in SKIP_REASONS:
+        assert value(registry, "netmon_probe_skips_total", probe="small", reason=reason) == 0
+    assert value(registry, "netmon_probe_runs_total", probe="small") == 0
+    assert value(registry, "netmon_probe_busy_seconds_total", probe="small") == 0
+    # Never happened: no timestamp, rather than a 1970 one.
+    assert value(registry, "netmon_probe_last_success_timestamp_seconds", probe="small") is None
+
+
+def test_label_cardinality_is_bounded_by_the_reason_lists() -> None:
+    families = {f.name: f for f in make_registry(lambda: SNAPSHOT).collect()}
+    probes = len(SNAPSHOT.probes)
+    assert len(families["netmon_probe_failures"].samples) == probes * len(set(FAILURE_REASONS))
+    assert len(families["netmon_probe_skips"].samples) == probes * len(set(SKIP_REASONS))
+    assert len(families["netmon_busbw_bytes_per_second"].samples) == len(SNAPSHOT.series)
+    # A reason outside the list (a future cause) is still exported, not dropped.
+    odd = Snapshot(probes={"small": ProbeStats(failures={"brand_new": 1})})
+    odd_families = {f.name: f for f in make_registry(lambda: odd).collect()}
+    reasons = {s.labels["reason"] for s in odd_families["netmon_probe_failures"].samples}
+    assert reasons == set(FAILURE_REASONS) | {"brand_new"}
+
+
+def test_every_reason_the_code_can_produce_is_a_known_one() -> None:
+    causes: tuple[FailureCause, ...] = get_args(FailureCause)
+    produced = set()
+    for phase in PHASES:
+        for cause in causes:
+            cancel_reasons = (
+                ("paused", "preempted", "shutdown") if cause == "cancelled" else (None,)
+            )
+            for cancel in cancel_reasons:
+                failure = ProbeFailure(
+                    phase=phase, rank=0, cause=cause, detail="x", cancel_reason=cancel
+                )
+                produced.add(failure.reason)
+    assert produced <= set(FAILURE_REASONS), produced - set(FAILURE_REASONS)
+    # Idle decisions, and the runner's and scheduler's own skips (runner.py, daemon.py).
+    skips = set(idle.REASONS) | {"paused", "devices_busy", "shutting_down", "still_running"}
+    assert skips <= set(SKIP_REASONS), skips - set(SKIP_REASONS)
+
+
+def test_help_says_values_are_measured_by_the_probes_not_at_scrape_time() -> None:
+    text = exposition(make_registry(lambda: SNAPSHOT))
+    when = "Measured by the probes (small every 60 s, large every 900 s), not at scrape time."
+    for name in SERIES_FAMILIES:
+        help_line = next(line for line in text.splitlines() if line.startswith(f"# HELP {name} "))
+        assert help_line.endswith(when), help_line
+    assert "# HELP netmon_busbw_bytes_per_second Bus bandwidth (nccl-tests busbw). " in text
+    assert "# TYPE netmon_probe_runs_total counter" in text
+    assert "# TYPE netmon_busbw_bytes_per_second gauge" in text
+
+
+def test_exposition_parses_back_with_one_type_per_family() -> None:
+    text = exposition(make_registry(lambda: SNAPSHOT))
+    types = {family.name: family.type for family in text_string_to_metric_families(text)}
+    counters = {"runs", "failures", "skips", "busy_seconds"}
+    assert {name for name, kind in types.items() if kind == "counter"} == {
+        f"netmon_probe_{name}" for name in counters
+    }
+    assert set(types) >= set(SERIES_FAMILIES)
+    assert all(kind in ("counter", "gauge") for kind in types.values())
+
+
+def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> None:
+    current = [SNAPSHOT]
+    calls = [0]
+
+    def now() -> Snapshot:
+        calls[0] += 1
+        return current[0]
+
+    registry = make_registry(now)
+    assert value(registry, "netmon_busbw_bytes_per_second", **labels(LARGE)) == 90e9
+    replacement = dataclasses.replace(LARGE, probe="other", busbw=42.0, baseline=None, ratio=None)
+    current[0] = Snapshot(
+        series=(replacement,),
+        probes={"other": ProbeStats(runs=3, interval_s=5.0)},
+        build={"version": "0.2.0"},
+    )
+
+    text = exposition(registry)
+    assert 'probe="small"' not in text and 'probe="large"' not in text
+    assert value(registry, "netmon_busbw_bytes_per_second", **labels(replacement)) == 42.0
+    assert value(registry, "netmon_busbw_bytes_per_second", **labels(LARGE)) is None
+    assert value(registry, "netmon_busbw_baseline_bytes_per_second", **labels(replacement)) is None
+    assert value(registry, "netmon_probe_runs_total", probe="small") is None
+    assert value(registry, "netmon_build_info", version="0.2.0", torch="", nccl="") == 1.0
+    assert "other every 5 s" in text
+    # One snapshot per scrape: a scrape is one consistent view and never starts a measurement.
+    calls[0] = 0
+    exposition(registry)
+    assert calls[0] == 1
+
+
+def test_the_documented_contract_matches_what_is_exported() -> None:
+    docs = DOCS.read_text()
+    documented = set(re.findall(r"^\| `(netmon_[a-z_]+)`", docs, flags=re.MULTILINE))
+    paused = dataclasses.replace(SNAPSHOT, paused=True)
+    exported = {
+        sample.name
+        for family in make_registry(lambda: paused).collect()
+        for sample in family.samples
+    }
+    assert documented == exported
+    for reason in (*FAILURE_REASONS, *SKIP_REASONS):
+        assert f"`{reason}`" in docs, reason
+
+
+# --- the HTTP server, for real on a loopback port
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[MetricsServer, list[Snapshot]]]:
+    current = [SNAPSHOT]
+    metrics = MetricsServer("127.0.0.1", 0, make_registry(lambda: current[0]))
+    thread = metrics.serve_in_thread()
+    try:
+        yield metrics, current
+    finally:
+        metrics.shutdown()
+        metrics.server_close()
+        thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def connect(metrics: MetricsServer) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", metrics.server_address[1], timeout=5)
+
+
+def request(
+    metrics: MetricsServer, method: str, path: str, body: bytes | None = None
+) -> tuple[int, http.client.HTTPResponse, bytes]:
+    connection = connect(metrics)
+    try:
+        connection.request(method, path, body=body)
+        response = connection.getresponse()
+        return response.status, response, response.read()
+    finally:
+        connection.close()
+
+
+def test_http_metrics_healthz_and_errors(server: tuple[MetricsServer, list[Snapshot]]) -> None:
+    metrics, _ = server
+
+    status, response, body = request(metrics, "GET", "/metrics")
+    assert status == 200
+    assert response.getheader("Content-Type") == CONTENT_TYPE_LATEST
+    assert CONTENT_TYPE_LATEST.startswith("text/plain")
+    assert int(response.getheader("Content-Length") or -1) == len(body)
+    assert b'netmon_busbw_bytes_per_second{op="all_reduce",path="nv4",probe="large"' in body
+
+    assert request(metrics, "GET", "/metrics?name[]=netmon_paused")[0] == 200
+    status, _, body = request(metrics, "GET", "/healthz")
+    assert (status, body) == (200, b"ok\n")
+    status, _, body = request(metrics, "GET", "/")
+    assert status == 200 and b"/metrics" in body
+    assert request(metrics, "GET", "/nope")[0] == 404
+    for method in ("POST", "PUT", "DELETE"):
+        status, response, _ = request(metrics, method, "/metrics", body=b"x=1")
+        assert status == 405
+        assert response.getheader("Allow") == "GET, HEAD"
+
+
+def test_http_head_sends_headers_only(server: tuple[MetricsServer, list[Snapshot]]) -> None:
+    metrics, _ = server
+    status, response, body = request(metrics, "HEAD", "/metrics")
+    assert status == 200
+    assert response.getheader("Content-Type") == CONTENT_TYPE_LATEST
+    assert int(response.getheader("Content-Length") or 0) > 0
+    assert body == b""
+
+
+def test_http_keep_alive_survives_a_refused_post(
+    server: tuple[MetricsServer, list[Snapshot]],
+) -> None:
+    metrics, _ = server
+    connection = connect(metrics)
+    try:
+        for _ in range(2):  # keep-alive: one connection, several scrapes
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200 and response.read()
+        # The unread body of a refused request must not be taken for the next request.
+        connection.request("POST", "/metrics", body=b"name=value&more=1")
+        response = connection.getresponse()
+        assert response.status == 405
+        response.read()
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        assert (response.status, response.read()) == (200, b"ok\n")
+    finally:
+        connection.close()
+
+
+def test_concurrent_scrapes_each_see_one_whole_snapshot(
+    server: tuple[MetricsServer, list[Snapshot]],
+) -> None:
+    metrics, current = server
+    url = f"http://127.0.0.1:{metrics.server_address[1]}/metrics"
+    stop = threading.Event()
+
+    def publish() -> None:
+        # busbw == algbw == generation within each snapshot; a torn read would show them apart.
+        generation = 0
+        while not stop.is_set():
+            generation += 1
+            point = dataclasses.replace(LARGE, busbw=float(generation), algbw=float(generation))
+            current[0] = dataclasses.replace(SNAPSHOT, series=(point,))
+            time.sleep(0.001)
+
+    def scrape(_: int) -> tuple[int, float, float]:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+            status = response.status
+        found = {
+            family.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if family.name in ("netmon_busbw_bytes_per_second", "netmon_algbw_bytes_per_second")
+        }
+        return (
+            status,
+            found["netmon_busbw_bytes_per_second"],
+            found["netmon_algbw_bytes_per_second"],
+        )
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            outcomes = list(pool.map(scrape, range(50)))
+    finally:
+        stop.set()
+        publisher.join(timeout=5)
+    assert len(outcomes) == 50
+    assert all(status == 200 for status, _, _ in outcomes)
+    assert all(busbw == algbw for _, busbw, algbw in outcomes)
+
+
+def test_http_on_ipv6_loopback() -> None:
+    try:
+        metrics = MetricsServer("::1", 0, make_registry(lambda: SNAPSHOT))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    thread = metrics.serve_in_thread()
+    try:
+        connection = http.client.HTTPConnection("::1", metrics.server_address[1], timeout=5)
+        connection.request("GET", "/healthz")
+        assert connection.getresponse().status == 200
+        connection.close()
+    finally:
+        metrics.shutdown()
+        metrics.server_close()
+        thread.join(timeout=5)
+    assert metrics.address_family == socket.AF_INET6
+
+
+# --- Results: hand-made probe outcomes in, snapshots, baselines and state out
+
+MIN_SAMPLES = 3
+POLICY = {"window": 5, "min_samples": MIN_SAMPLES, "ratio": 0.8, "trigger": 2, "of": 3}
+
+
+def results_config(tmp_path: Path) -> NetmonConfig:
+    return parse_config(
+        {
+            "backend": "gloo",
+            "ranks": 2,
+            "state_dir": str(tmp_path),
+            "pause_file": str(tmp_path / "pause"),
+            "probes": [
+                {"name": "small", "sizes": [8, "1K"], "interval": "60s"},
+                {"name": "large", "sizes": ["64K"], "interval": "15m", "min_busbw": "1G"},
+            ],
+            "baseline": POLICY,
+        }
+    )
+
+
+def outcome(
+    config: NetmonConfig,
+    probe: ProbeConfig,
+    busbw: float = 10e9,
+    failure: ProbeFailure | None = None,
+    wall_s: float = 2.0,
+    nccl: str | None = None,
+) -> ProbeOutcome:
+    spec = spec_for(probe, config)
+    factor = bus_factor(spec.op, spec.ranks)
+    results: tuple[SizeResult, ...] = ()
+    if failure is None:
+        results = tuple(
+            SizeResult(
+                op=spec.op,
+                size_bytes=size,
+                count=size // 4,
+                dtype=spec.dtype,
+                chunks=1,
+                time_s=size / (busbw / factor),
+                min_s=size / (busbw / factor),
+                p10_s=size / (busbw / factor),
+                p90_s=size / (busbw / factor),
+                max_s=size / (busbw / factor),
+                cv=0.02,
+                samples=spec.iters,
+                algbw_bytes_per_second=busbw / factor,
+                busbw_bytes_per_second=busbw,
+                bus_factor=factor,
+            )
+            for size in spec.sizes
+        )
+    environment = ProbeEnvironment(
+        netmon="0.1.0", backend=spec.backend, ranks=spec.ranks, host="127.0.0.1", nccl=nccl
+    )
+    return ProbeOutcome(
+        spec=spec,
+        results=results,
+        environment=environment,
+        failure=failure,
+        started_at=time.time(),
+        wall_s=wall_s,
+        collective_s=wall_s / 2,
+    )
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[NetmonConfig, Results, Path]:
+    config = results_config(tmp_path)
+    state = tmp_path / "b.json"
+    return config, Results(config, baseline.BaselineBook(config.baseline), state_path=state), state
+
+
+def run(results: Results, probe: ProbeConfig, done: ProbeOutcome) -> list[baseline.Verdict]:
+    results.started(probe.name)
+    return results.finished(probe, done)
+
+
+def test_results_start_with_zero_counters_and_no_series(
+    setup: tuple[NetmonConfig, Results, Path],
+) -> None:
+    _, results, state = setup
+    snapshot = results.snapshot()
+    assert snapshot.series == ()
+    assert set(snapshot.probes) == {"small", "large"}
+    assert snapshot.probes["small"] == ProbeStats(interval_s=60.0)
+    assert snapshot.probes["large"].interval_s == 900.0
+    assert snapshot.build["version"] == "0.1.0" and not snapshot.paused
+    assert not state.exists()
+
+
+def test_results_of_a_successful_run(setup: tuple[NetmonConfig, Results, Path]) -> None:
+    config, results, state = setup
+    assert config.probes is not None
+    small, large = config.probes
+    before = time.time()
+    verdicts = run(results, small, outcome(config, small, busbw=10e9, nccl="2.21.5"))
+    run(results, large, outcome(config, large, busbw=2e9, wall_s=3.0))
+
+    assert len(verdicts) == 2 and all(v.baseline is None for v in verdicts)
+    snapshot = results.snapshot()
+    stats = snapshot.probes["small"]
+    assert stats.runs == 1 and stats.duration_s == 2.0
+    assert stats.busy_seconds == 4.0  # 2 s x 2 CPU ranks
+    assert stats.last_success is not None and stats.last_success >= before
+    assert stats.last_run == stats.last_success
+    assert snapshot.build["nccl"] == "2.21.5"
+    keys = [(p.probe, p.size_bytes) for p in snapshot.series]
+    assert keys == [("large", 64 << 10), ("small", 8), ("small", 1024)]
+
+    registry = make_registry(results.snapshot)
+    point = {"probe": "small", "op": "all_reduce", "size_bytes": "1024", "path": "default"}
+    assert value(registry, "netmon_busbw_bytes_per_second", **point) == 10e9
+    assert value(registry, "netmon_algbw_bytes_per_second", **point) == 10e9  # 2 ranks: factor 1
+    assert value(registry, "netmon_latency_seconds", **point) == pytest.approx(1024 / 10e9)
+    assert value(registry, "netmon_busbw_threshold_bytes_per_second", **point) is None
+    assert value(registry, "netmon_degraded", **point) == 0.0
+    point_large = {**point, "probe": "large", "size_bytes": "65536"}
+    assert value(registry, "netmon_busbw_threshold_bytes_per_second", **point_large) == 1e9
+    assert value(registry, "netmon_probe_runs_total", probe="large") == 1
+    assert state.exists()
+
+
+def test_results_count_failures_by_reason_and_skips(
+    setup: tuple[NetmonConfig, Results, Path],
+) -> None:
+    config, results, _ = setup
+    assert config.probes is not None
+    small = config.probes[0]
+    run(results, small, outcome(config, small))
+    first = results.snapshot().probes["small"]
+    failures = [
+        ProbeFailure(phase="measure", rank=1, cause="timeout", detail="no progress"),
+        ProbeFailure(phase="measure", rank=1, cause="timeout", detail="no progress"),
+        ProbeFailure(phase="init", rank=0, cause="exit", detail="exit status 1"),
+        ProbeFailure(
+            phase="warmup", rank=None, cause="cancelled", detail="job", cancel_reason="preempted"
+        ),
+    ]
+    for failure in failures:
+        assert run(results, small, outcome(config, small, failure=failure, wall_s=1.0)) == []
+    results.skip("small", "paused")
+    results.skip("small", "paused")
+    results.skip("small", "gpu_busy_process")
+
+    stats = results.snapshot().probes["small"]
+    assert stats.runs == 5
+    assert stats.failures == {"timeout_measure": 2, "rank_exit": 1, "preempted": 1}
+    assert stats.skips == {"paused": 2, "gpu_busy_process": 1}
+    assert stats.last_success == first.last_success  # failures do not count as success
+    assert stats.last_run is not None and first.last_run is not None
+    assert stats.last_run >= first.last_run
+    assert stats.busy_seconds == first.busy_seconds + 4 * 1.0 * 2
+
+    registry = make_registry(results.snapshot)
+    failed = "netmon_probe_failures_total"
+    assert value(registry, failed, probe="small", reason="timeout_measure") == 2
+    assert value(registry, failed, probe="small", reason="preempted") == 1
+    assert value(registry, failed, probe="small", reason="timeout_spawn") == 0
+    assert value(registry, failed, probe="large", reason="timeout_measure") == 0
+    assert value(registry, "netmon_probe_skips_total", probe="small", reason="paused") == 2
+    assert value(registry, "netmon_probe_skips_total", probe="large", reason="paused") == 0
+    # The last good measurement stays exported; its timestamp tells how old it is.
+    point = {"probe": "small", "op": "all_reduce", "size_bytes": "8", "path": "default"}
+    assert value(registry, "netmon_busbw_bytes_per_second", **point) == 10e9
+
+
+def test_results_learn_a_baseline_then_degrade_and_recover(
+    setup: tuple[NetmonConfig, Results, Path],
+) -> None:
+    config, results, state = setup
+    assert config.probes is not None
+    large = config.probes[1]
+    registry = make_registry(results.snapshot)
+    point = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
+
+    def feed(busbw: float) -> baseline.Verdict:
+        (verdict,) = run(results, large, outcome(config, large, busbw=busbw))
+        return verdict
+
+    def metric(name: str) -> float | None:
+        return value(registry, name, **point)
+
+    for _ in range(MIN_SAMPLES - 1):
+        assert feed(10e9).baseline is None
+        assert metric("netmon_busbw_baseline_bytes_per_second") is None
+    assert feed(10e9).baseline == 10e9  # min_samples reached: the baseline appears
+    assert metric("netmon_busbw_baseline_bytes_per_second") == 10e9
+    assert metric("netmon_busbw_baseline_ratio") == 1.0
+    assert metric("netmon_degraded") == 0.0
+
+    low = feed(5e9)  # 1 low of the last 3: not yet (trigger 2)
+    assert (low.ratio, low.degraded) == (0.5, False)
+    assert metric("netmon_degraded") == 0.0
+    assert metric("netmon_busbw_baseline_ratio") == 0.5
+    assert feed(5e9).degraded  # 2 of the last 3 low
+    assert metric("netmon_degraded") == 1.0
+    assert metric("netmon_busbw_baseline_bytes_per_second") == 10e9  # lows are not learned
+
+    assert feed(10e9).degraded  # 1 good of the last 3: still degraded (hysteresis)
+    assert not feed(10e9).degraded  # 2 good of the last 3: cleared
+    assert metric("netmon_degraded") == 0.0
+
+    # The state file holds the same book, and was written whole (no temporary left behind).
+    saved, warning = baseline.load(state, config.baseline)
+    assert warning is None
+    key = ("large", "all_reduce", 64 << 10, "default")
+    verdict = saved.verdict(key)
+    assert verdict is not None and verdict.baseline == 10e9 and not verdict.degraded
+    document = json.loads(state.read_text())
+    assert document["version"] == baseline.STATE_VERSION
+    assert [p.name for p in state.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_results_snapshots_are_frozen_values(setup: tuple[NetmonConfig, Results, Path]) -> None:
+    config, results, _ = setup
+    assert config.probes is not None
+    small = config.probes[0]
+    before = results.snapshot()
+    run(results, small, outcome(config, small))
+    assert before.probes["small"].runs == 0 and before.series == ()
+    assert results.snapshot().probes["small"].runs == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        before.paused = True  # type: ignore[misc]
+
+
+def test_results_report_the_pause_file(setup: tuple[NetmonConfig, Results, Path]) -> None:
+    config, results, _ = setup
+    registry = make_registry(results.snapshot)
+    assert value(registry, "netmon_paused") == 0.0
+    assert config.pause_file is not None
+    config.pause_file.touch()
+    assert results.snapshot().paused
+    assert value(registry, "netmon_paused") == 1.0
+    config.pause_file.unlink()
+    assert value(registry, "netmon_paused") == 0.0
+
+
+def test_results_survive_an_unwritable_state_file(tmp_path: Path) -> None:
+    config = results_config(tmp_path)
+    assert config.probes is not None
+    small = config.probes[0]
+    state = tmp_path / "missing-dir" / "b.json"
+    results = Results(config, baseline.BaselineBook(config.baseline), state_path=state)
+    run(results, small, outcome(config, small))
+    assert results.state_write_errors == 1
+    assert results.snapshot().probes["small"].runs == 1
+    assert not state.exists()
