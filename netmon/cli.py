@@ -207,12 +207,57 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _add_topo_parser(commands: Any) -> None:
+    topo = commands.add_parser(
+        "topo",
+        help="print the GPU topology, path classes and the pair probe plan",
+        description="The GPU matrix as nvidia-smi topo -m shows it, from NVML or a file.",
+    )
+    topo.add_argument(
+        "--from-file",
+        type=Path,
+        metavar="FILE",
+        help="parse saved `nvidia-smi topo -m` output instead of asking NVML",
+    )
+    topo.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    topo.set_defaults(handler=_cmd_topo)
+
+
+def _cmd_topo(args: argparse.Namespace) -> int:
+    from netmon import topology
+
+    if args.from_file is not None:
+        try:
+            text = args.from_file.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise UsageError(f"--from-file: {args.from_file}: {exc.strerror}") from None
+        try:
+            topo = topology.parse_topo_matrix(text)
+        except ValueError as exc:
+            raise UsageError(f"--from-file: {args.from_file}: {exc}") from None
+    else:
+        from netmon.idle import IdleSourceError
+        from netmon.nvml import read_topology
+
+        try:
+            topo = read_topology()
+        except IdleSourceError as exc:
+            raise UsageError(f"{exc} (use --from-file FILE on a machine without GPUs)") from None
+    rounds = topology.plan_rounds(topo)
+    if args.json:
+        print(json.dumps(topology.to_json(topo, rounds), indent=2))
+    else:
+        print(topology.render_text(topo, rounds))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="netmon", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"netmon {netmon.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_probe_parser(commands)
     _add_daemon_parsers(commands)
+    _add_topo_parser(commands)
     return parser
 
 

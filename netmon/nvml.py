@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from netmon.idle import ComputeMode, GpuReading, IdleSourceError
+from netmon.topology import (
+    GpuTopologyReading,
+    NvLinkReading,
+    Pair,
+    Topology,
+    cpu_list,
+    single_node,
+    topology_from_readings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +211,91 @@ class NvmlSource:
             if answer is not None:
                 return answer
         return self._ask(self._nv.nvmlDeviceGetMemoryInfo, handle)
+
+
+# --- Topology -----------------------------------------------------------------------------------
+
+_NODE_MASK_WORDS = 16  # 1024 NUMA nodes, far beyond any machine
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def read_topology(nvml: Any = None) -> Topology:
+    """This node's GPU topology as `nvidia-smi topo -m` would show it (without NICs, which NVML
+    does not see). The translation is netmon.topology.topology_from_readings.
+
+    Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
+    warning; a value NVML cannot give is unknown (N/A), never a guess.
+    """
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NvmlUnavailable(
+                "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
+            ) from exc
+        nvml = pynvml
+    nv: Any = nvml
+    try:
+        nv.nvmlInit()
+    except nv.NVMLError as exc:
+        raise NvmlUnavailable(
+            f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
+        ) from exc
+
+    def ask(call: Callable[..., Any], *args: object) -> Any:
+        try:
+            return call(*args)
+        except nv.NVMLError as exc:
+            log.debug("NVML: %s%s unanswered: %s", getattr(call, "__name__", call), args[1:], exc)
+            return None
+
+    # CPU ids can exceed the online count (offline or isolated CPUs): one spare word.
+    cpu_words = ((os.cpu_count() or 1) + 63) // 64 + 1
+    node_scope = getattr(nv, "NVML_AFFINITY_SCOPE_NODE", 0)
+    try:
+        handles: list[object] = []
+        readings: list[GpuTopologyReading] = []
+        for index in range(int(nv.nvmlDeviceGetCount())):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except nv.NVMLError as exc:
+                log.warning("NVML: GPU %d unreadable, left out of the topology: %s", index, exc)
+                continue
+            uuid = ask(nv.nvmlDeviceGetUUID, handle)
+            pci = ask(nv.nvmlDeviceGetPciInfo, handle)
+            cpus = ask(nv.nvmlDeviceGetCpuAffinity, handle, cpu_words)
+            nodes = ask(nv.nvmlDeviceGetMemoryAffinity, handle, _NODE_MASK_WORDS, node_scope)
+            links = []
+            # Every link number is asked: a link NVML cannot answer says nothing of the next.
+            for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
+                if ask(nv.nvmlDeviceGetNvLinkState, handle, link) != nv.NVML_FEATURE_ENABLED:
+                    continue
+                remote = ask(nv.nvmlDeviceGetNvLinkRemotePciInfo, handle, link)
+                links.append(
+                    NvLinkReading(
+                        remote_bus_id=None if remote is None else _text(remote.busId),
+                        remote_type=ask(nv.nvmlDeviceGetNvLinkRemoteDeviceType, handle, link),
+                    )
+                )
+            handles.append(handle)
+            readings.append(
+                GpuTopologyReading(
+                    index=index,
+                    uuid=None if uuid is None else _text(uuid),
+                    pci_bus_id=None if pci is None else _text(pci.busId),
+                    numa=None if nodes is None else single_node(nodes),
+                    cpu_affinity=None if cpus is None else cpu_list(cpus),
+                    links=tuple(links),
+                )
+            )
+        ancestors: dict[Pair, int | None] = {}
+        for n, (first, handle_a) in enumerate(zip(readings, handles, strict=True)):
+            for second, handle_b in zip(readings[n + 1 :], handles[n + 1 :], strict=True):
+                level = ask(nv.nvmlDeviceGetTopologyCommonAncestor, handle_a, handle_b)
+                ancestors[(first.index, second.index)] = None if level is None else int(level)
+        return topology_from_readings(readings, ancestors)
+    finally:
+        nv.nvmlShutdown()
