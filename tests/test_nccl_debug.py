@@ -1,0 +1,339 @@
+"""netmon.nccl_debug against published NCCL_DEBUG=INFO logs (tests/fixtures/nccl_info_*, see
+tests/fixtures/SOURCES.md) and literal lines in the formats of NCCL's source (src/debug.cc,
+src/transport/{p2p,shm,net,nvls}.cc, src/graph/paths.cc)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from netmon import nccl_debug as nd
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load(name: str) -> nd.TransportReport:
+    return nd.parse((FIXTURES / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def p5() -> nd.TransportReport:
+    return load("nccl_info_2node_p5_16xH100_efa_nvls.txt")
+
+
+def test_p5_version_comm_and_nvls(p5: nd.TransportReport) -> None:
+    assert p5.nccl_version == "2.22.3+cuda12.2"
+    assert p5.version_tuple == (2, 22, 3)
+    assert p5.connects_lazily is True
+    assert len(p5.comms) == 16
+    assert {(c.n_ranks, c.n_nodes, c.local_ranks, c.mnnvl) for c in p5.comms} == {(16, 2, 8, False)}
+    assert sorted(c.rank for c in p5.comms) == list(range(16))
+    assert p5.n_ranks == 16
+    assert p5.n_nodes == 2
+    assert p5.nvls_available is True
+    assert p5.nvls_used is True
+    assert p5.warnings == ()
+    assert p5.p2p_disabled_on_nvlink == ()
+    assert p5.unrecognized == ()
+
+
+def test_p5_transports_split_by_node(p5: nd.TransportReport) -> None:
+    assert p5.transports == {"p2p", "net_other", "nvls"}
+    assert p5.intra_node_transports == {"p2p", "nvls"}
+    assert p5.inter_node_transports == {"net_other"}
+    by_via = Counter((c.transport, c.locality) for c in p5.connections)
+    # 448 "via P2P/CUMEM" lines; 256 [send] + 256 [receive] "via NET/AWS Libfabric/N/GDRDMA".
+    assert by_via == {("p2p", "intra_node"): 448, ("net_other", "inter_node"): 512}
+    assert {c.via for c in p5.connections if c.transport == "p2p"} == {"P2P/CUMEM"}
+    net = [c for c in p5.connections if c.transport == "net_other"]
+    assert all(c.gdr for c in net)
+    assert Counter(c.direction for c in net) == {"send": 256, "receive": 256}
+    first = p5.connections[0]
+    assert first.via == "NET/AWS Libfabric/0/GDRDMA"
+    assert (first.channel, first.conn_index, first.direction) == (0, 0, "receive")
+    assert (first.src, first.dst) == (nd.Endpoint(8, "0"), nd.Endpoint(0, "0"))
+    assert first.host == "test-nccl-worker-0"
+
+
+def test_p5_env_overrides(p5: nd.TransportReport) -> None:
+    assert p5.env_value("NCCL_BUFFSIZE") == "8388608"
+    assert p5.env_value("NCCL_P2P_NET_CHUNKSIZE") == "524288"
+    assert p5.env_value("NCCL_TOPO_FILE") == (
+        "/opt/aws-ofi-nccl/install/share/aws-ofi-nccl/xml/p5.48xl-topo.xml"
+    )
+    assert p5.env_value("NCCL_P2P_DISABLE") is None
+
+
+def test_p5_judged(p5: nd.TransportReport) -> None:
+    # P2P/CUMEM plus NVLS fits an NVLink intent (not proof of NVLink: see FIELD-NOTES).
+    assert nd.judge(p5, "nvlink") == []
+    assert nd.judge(p5, "any") == []
+    assert nd.judge(p5, "pcie") == ["p2p_where_pcie_expected", "nvls_where_pcie_expected"]
+
+
+def test_nccl687_ib_and_p2p_read_in_busid_notation() -> None:
+    report = load("nccl_info_2node_ib_p2pipc_read_nccl687_excerpt.txt")
+    assert report.nccl_version is None
+    assert report.comms == ()
+    assert report.transports == {"p2p", "net_ib"}
+    p2p = [c for c in report.connections if c.transport == "p2p"]
+    net = [c for c in report.connections if c.transport == "net_ib"]
+    assert (len(p2p), len(net)) == (7, 4)
+    assert {c.via for c in p2p} == {"P2P/IPC/read"}
+    assert all(c.p2p_read for c in p2p)
+    assert {c.via for c in net} == {"NET/IB/0/GDRDMA"}
+    assert all(c.gdr and c.direction == "send" for c in net)
+    # Old busId-style device notation: "3[4a000] -> 6[44000]".
+    assert (net[0].src, net[0].dst) == (nd.Endpoint(3, "4a000"), nd.Endpoint(6, "44000"))
+    assert (net[0].channel, net[0].conn_index) == (0, None)
+    assert net[0].host == "cosmos-hpc-100a45"
+    # P2P never leaves a host without MNNVL; where the NET peers (ranks 6 and 2) live, the
+    # excerpt does not say.
+    assert {c.locality for c in p2p} == {"intra_node"}
+    assert {c.locality for c in net} == {"unknown"}
+    assert report.intra_node_transports == {"p2p"}
+    assert report.inter_node_transports == frozenset()
+    assert nd.judge(report, "nvlink") == []
+    assert nd.judge(report, "pcie") == ["p2p_where_pcie_expected"]
+
+
+def test_nccl1817_shm_only_contradicts_nvlink() -> None:
+    report = load("nccl_info_8gpu_shm_direct_nccl1817_excerpt.txt")
+    assert report.transports == {"shm"}
+    assert len(report.connections) == 11
+    assert {c.via for c in report.connections} == {"SHM/direct/direct"}
+    assert {c.locality for c in report.connections} == {"intra_node"}
+    assert report.connections[0].src == nd.Endpoint(7, "7")
+    assert report.connections[0].channel == 1
+    assert nd.judge(report, "nvlink") == ["shm_where_nvlink_expected"]
+    assert nd.judge(report, "pcie") == []
+    assert nd.judge(report, "any") == []
+
+
+P2P_DISABLED_WARN = (
+    "\n"
+    "[2025-06-11 11:44:19] node-000:1234:1240 [1] graph/paths.cc:330 NCCL WARN P2P is disabled "
+    "between NVLINK connected GPUs 1 and 0. This should not be the case given their connectivity, "
+    "and is probably due to a hardware issue. If you still want to proceed, you can set "
+    "NCCL_IGNORE_DISABLED_P2P=1.\n"
+)
+
+
+def test_p2p_disabled_on_nvlink_warning_is_a_fault_for_every_intent() -> None:
+    report = nd.parse(P2P_DISABLED_WARN)
+    assert report.p2p_disabled_on_nvlink == ((1, 0),)
+    assert len(report.warnings) == 1
+    assert report.warnings[0].startswith("P2P is disabled between NVLINK connected GPUs 1 and 0.")
+    for intent in ("nvlink", "pcie", "any"):
+        assert nd.judge(report, intent) == ["p2p_disabled_on_nvlink"]
+
+
+def test_other_warnings_are_kept_but_not_judged() -> None:
+    text = "h:1:2 [0] NCCL WARN Cuda failure 'out of memory'\nh:1:2 [0] NCCL WARN Cuda failure 'x'"
+    report = nd.parse(text)
+    assert report.warnings == ("Cuda failure 'out of memory'", "Cuda failure 'x'")
+    assert nd.judge(report, "any") == []
+
+
+def test_honest_pcie_path() -> None:
+    # The path FIELD-NOTES calls the honest PCIe probe: P2P off, SHM on, NVLS off.
+    text = "\n".join(
+        [
+            "gpu1:77:77 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+            "gpu1:77:90 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1",
+            "gpu1:77:90 [0] NCCL INFO NCCL_NVLS_ENABLE set by environment to 0.",
+            "gpu1:77:90 [0] NCCL INFO comm 0x5581 rank 0 nRanks 2 nNodes 1 localRanks 2 "
+            "localRank 0 MNNVL 0",
+            "gpu1:77:95 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
+            "gpu1:78:96 [1] NCCL INFO Channel 00 : 1[1] -> 0[0] via SHM/direct/direct",
+        ]
+    )
+    report = nd.parse(text)
+    assert report.connects_lazily is False
+    assert report.env_value("NCCL_P2P_DISABLE") == "1"
+    assert report.env_value("NCCL_NVLS_ENABLE") == "0"
+    assert report.transports == {"shm"}
+    assert nd.judge(report, "pcie") == []
+    assert nd.judge(report, "nvlink") == ["p2p_disabled_by_env", "shm_where_nvlink_expected"]
+
+
+def test_p2p_level_loc_counts_as_disabled() -> None:
+    report = nd.parse("h:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to LOC")
+    assert report.env_value("NCCL_P2P_LEVEL") == "LOC"
+    assert nd.judge(report, "nvlink") == ["p2p_disabled_by_env"]
+    # Connections not logged yet (lazy connect): nothing contradicts, nothing is proven.
+    assert not report.observed
+
+
+@pytest.mark.parametrize(
+    ("via", "transport"),
+    [
+        ("P2P/IPC", "p2p"),
+        ("P2P/IPC/read", "p2p"),
+        ("P2P/IPC/CE", "p2p"),
+        ("P2P/CUMEM", "p2p"),
+        ("P2P/CUMEM/read", "p2p"),
+        ("P2P/CUMEM/CE", "p2p"),
+        ("P2P/MNNVL", "p2p"),
+        ("P2P/direct pointer", "p2p"),
+        ("P2P/direct pointer/read", "p2p"),
+        ("P2P/indirect/2[2]/read", "p2p"),
+        ("SHM/direct/direct", "shm"),
+        ("SHM/CE/direct", "shm"),
+        ("P2P/common device", "p2p"),
+        ("SHM/direct", "shm"),
+        ("direct shared memory", "shm"),
+        ("NET/IB/0/GDRDMA", "net_ib"),
+        ("NET/IB/3(5)/GDRDMA(PCI)/Shared", "net_ib"),
+        ("NET/IBext_v8/1/GDRDMA", "net_ib"),
+        ("NET/Socket/0", "net_socket"),
+        ("NET/AWS Libfabric/2/GDRDMA", "net_other"),
+        ("NET/Libfabric/0/GDRDMA", "net_other"),
+        ("COLLNET/SHARP/0", None),
+        ("CE/something-new", None),
+    ],
+)
+def test_classify_via(via: str, transport: str | None) -> None:
+    assert nd.classify_via(via) == transport
+
+
+def test_connection_line_shapes_across_versions() -> None:
+    text = "\n".join(
+        [
+            # "Ring" lines (before 2.7) and SHM's name before 2.13.
+            "old:1:1 [0] NCCL INFO Ring 00 : 0[0] -> 1[1] via P2P/common device",
+            "old:1:1 [0] NCCL INFO Channel 00 : 0[7000] -> 1[a000] via direct shared memory",
+            # Today's SHM line has no "/connIndex"; P2P and NET lines do.
+            "new:2:2 [0] NCCL INFO Channel 03 : 0[0] -> 1[1] via SHM/direct",
+            "new:2:2 [0] NCCL INFO Channel 01/1 : 0[0] -> 1[1] via P2P/CUMEM/read",
+            "new:2:2 [0] NCCL INFO Channel 02/0 : 0[0] -> 9[1] [send] via NET/Socket/0",
+            "new:2:2 [0] NCCL INFO Channel 04/0 : 0[0] -> 1[1] via GIN/future/0",
+            # Ring order lines carry no arrow and are not connections.
+            "new:2:2 [0] NCCL INFO Channel 00/16 :    0   7   6   5   4   3   2   1",
+        ]
+    )
+    report = nd.parse(text)
+    shapes = [(c.channel, c.conn_index, c.transport, c.direction) for c in report.connections]
+    assert shapes == [
+        (0, None, "p2p", None),
+        (0, None, "shm", None),
+        (3, None, "shm", None),
+        (1, 1, "p2p", None),
+        (2, 0, "net_socket", "send"),
+    ]
+    assert report.unrecognized == ("GIN/future/0",)
+    assert report.connections[1].src == nd.Endpoint(0, "7000")
+    assert report.connections[3].p2p_read
+    assert not report.connections[4].gdr
+
+
+def test_mpirun_tags_timestamps_and_launcher_prefixes() -> None:
+    text = "\n".join(
+        [
+            "[1,3]<stdout>:hostA:25:90 [3] NCCL INFO NCCL version 2.23.4+cuda12.6",
+            "[2025-01-02 03:04:05.123456] hostA:25:91 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] "
+            "via P2P/IPC",
+            "[rank3]: hostA:25:91 [3] NCCL INFO NVLS multicast support is not available on dev 3",
+        ]
+    )
+    report = nd.parse(text)
+    assert report.nccl_version == "2.23.4+cuda12.6"
+    assert report.connections[0].host == "hostA"
+    assert report.connections[0].via == "P2P/IPC"
+    assert report.nvls_available is False
+    assert report.nvls_used is False
+
+
+def test_version_banner_without_host_prefix() -> None:
+    # Since 2.26 the banner is its own log level, printed bare.
+    assert nd.parse("NCCL version 2.27.3+cuda12.9\n").nccl_version == "2.27.3+cuda12.9"
+
+
+def test_locality_from_hosts_and_single_node() -> None:
+    text = "\n".join(
+        [
+            "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 4 nNodes 2 localRanks 2 localRank 0 "
+            "MNNVL 0",
+            "b:2:2 [0] NCCL INFO comm 0x2 rank 2 nRanks 4 nNodes 2 localRanks 2 localRank 0 "
+            "MNNVL 0",
+            "a:1:3 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA",
+            "a:1:3 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0",
+            "a:1:3 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[1] via P2P/IPC",
+        ]
+    )
+    report = nd.parse(text)
+    localities = [(c.dst.rank, c.transport, c.locality) for c in report.connections]
+    # Rank 1's host comes from the P2P line (P2P joins ranks on one host without MNNVL).
+    assert localities == [
+        (2, "net_ib", "inter_node"),
+        (1, "net_ib", "intra_node"),
+        (1, "p2p", "intra_node"),
+    ]
+    assert nd.judge(report, "nvlink") == ["net_where_nvlink_expected"]
+    assert nd.judge(report, "pcie") == ["p2p_where_pcie_expected", "net_where_pcie_expected"]
+
+    one_node = "\n".join(
+        [
+            "a:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0",
+            "a:1:3 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
+        ]
+    )
+    assert nd.parse(one_node).intra_node_transports == {"net_socket"}
+
+
+def test_mnnvl_p2p_without_hosts_is_not_assumed_local() -> None:
+    text = "\n".join(
+        [
+            "n1:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 8 nNodes 2 localRanks 4 localRank 0 "
+            "MNNVL 1",
+            "n1:1:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] via P2P/MNNVL",
+        ]
+    )
+    report = nd.parse(text)
+    assert report.mnnvl
+    assert report.connections[0].locality == "unknown"
+    assert report.intra_node_transports == frozenset()
+
+
+def test_a_rank_on_two_hosts_is_unplaced() -> None:
+    # Two communicators reuse rank numbers; where "rank 1" lives is then unknown.
+    text = "\n".join(
+        [
+            "a:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 1 nranks 2 cudaDev 0 busId 1000 "
+            "- Init COMPLETE",
+            "b:2:2 [0] NCCL INFO ncclCommInitRank comm 0x2 rank 1 nranks 2 cudaDev 0 busId 1000 "
+            "- Init COMPLETE",
+            "c:3:3 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0",
+        ]
+    )
+    assert nd.parse(text).connections[0].locality == "unknown"
+
+
+def test_empty_and_unrelated_text() -> None:
+    for text in (
+        "",
+        "hello\nworld\n",
+        "Warning: Permanently added 'x' to the list of known hosts.",
+    ):
+        report = nd.parse(text)
+        assert report.nccl_version is None
+        assert report.transports == frozenset()
+        assert not report.observed
+        assert report.nvls_available is None
+        assert report.n_ranks is None
+        assert report.connects_lazily is None
+        for intent in ("nvlink", "pcie", "any"):
+            assert nd.judge(report, intent) == []
+
+
+def test_reasons_are_bounded() -> None:
+    texts = [
+        P2P_DISABLED_WARN,
+        (FIXTURES / "nccl_info_8gpu_shm_direct_nccl1817_excerpt.txt").read_text(),
+        (FIXTURES / "nccl_info_2node_ib_p2pipc_read_nccl687_excerpt.txt").read_text(),
+    ]
+    for text in texts:
+        for intent in ("nvlink", "pcie", "any"):
+            assert set(nd.judge(nd.parse(text), intent)) <= set(nd.REASONS)
