@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -110,7 +111,42 @@ def _add_probe_parser(commands: Any) -> None:
     )
     probe.add_argument("--json", action="store_true", help="one JSON document on stdout")
     probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    probe.add_argument("--host", default="127.0.0.1", help="rendezvous address (loopback)")
+    probe.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="rendezvous address rank 0 binds; {gpu} is replaced by rank 0's GPU (pair probes)",
+    )
+    probe.add_argument(
+        "--wrapper",
+        metavar="CMD",
+        help="per-rank command prefix; {rank}, {gpu}, {numa} are replaced "
+        "(numactl --cpunodebind={numa}, ip netns exec ns{gpu})",
+    )
+    probe.add_argument(
+        "--pairs",
+        action="store_true",
+        help="pairwise link probes: every GPU pair as a 2-rank world, in rounds of disjoint "
+        "pairs; names a suspect pair or GPU (exit 1 when there is one)",
+    )
+    probe.add_argument(
+        "--topology",
+        type=Path,
+        metavar="FILE",
+        help="`nvidia-smi topo -m` output for the pair plan and path classes "
+        "(default: NVML; with gloo, --ranks members of one class)",
+    )
+    probe.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="pair probes: run the whole plan N times and judge each pair's best (default 1)",
+    )
+    probe.add_argument(
+        "--suspect-ratio",
+        type=float,
+        default=0.7,
+        help="a pair is low under this fraction of its path-class median (default 0.7)",
+    )
     probe.set_defaults(handler=_cmd_probe)
 
 
@@ -335,6 +371,7 @@ def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
         check=args.check,
         timeout=timeout,
         host=args.host,
+        wrapper=tuple(shlex.split(args.wrapper)) if args.wrapper else (),
     )
     specs = []
     for op in ops:
@@ -389,6 +426,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--min-busbw: {exc}") from None
     specs = _specs(args)
+    if args.pairs:
+        return _cmd_probe_pairs(args, specs)
     total = sum(len(spec.sizes) for spec in specs)
     on_event = _progress(args.quiet or total < 2, total)
     outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
@@ -410,6 +449,72 @@ def _cmd_probe(args: argparse.Namespace) -> int:
             print(f"netmon: UNHEALTHY: {message}", file=sys.stderr)
         if gate:
             return EXIT_GATE
+    return EXIT_OK
+
+
+def _pair_topology(args: argparse.Namespace, backend: str, ranks: int) -> Any:
+    from netmon import topology
+
+    if args.topology is not None:
+        try:
+            return topology.parse_topo_matrix(args.topology.read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--topology: {args.topology}: {exc}") from None
+    if backend == "nccl":
+        from netmon.idle import IdleSourceError
+        from netmon.nvml import read_topology
+
+        try:
+            return read_topology()
+        except IdleSourceError as exc:
+            raise UsageError(f"--topology: {exc}; give a topo -m file") from None
+    return topology.uniform(ranks, "CPU")
+
+
+def _cmd_probe_pairs(args: argparse.Namespace, specs: Sequence[ProbeSpec]) -> int:
+    from netmon import pairs, topology
+
+    if len(specs) != 1:
+        raise UsageError("--pairs: give one --op and one --chunks value")
+    base = specs[0]
+    topo = _pair_topology(args, base.backend, base.ranks)
+    rounds = topology.plan_rounds(topo)
+    paths = {pair: str(path) for pair, path in topo.pairs().items()}
+
+    def progress(item: pairs.PairOutcome) -> None:
+        if not args.quiet:
+            state = "ok" if item.outcome.ok else f"FAILED ({item.outcome.failure.reason})"  # type: ignore[union-attr]
+            print(
+                f"netmon: pair {item.pair[0]}-{item.pair[1]} ({item.path}): {state}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if args.passes < 1:
+        raise UsageError(f"--passes: must be >= 1 (got {args.passes})")
+    measured: list[pairs.PairOutcome] = []
+    for _ in range(args.passes):
+        measured += pairs.run_pair_rounds(
+            base, rounds, paths, topology=topo, host_template=base.host, on_pair=progress
+        )
+    results = pairs.best_per_pair(measured)
+    verdict = pairs.verdict_at_largest(results, args.suspect_ratio)
+    if args.json:
+        print(json.dumps(report.pairs_document(results, verdict, rounds), indent=2))
+    else:
+        print(report.pairs_table(results, verdict))
+    failed = [item for item in results if not item.outcome.ok]
+    for item in failed:
+        assert item.outcome.failure is not None
+        print(
+            f"netmon: pair {item.pair[0]}-{item.pair[1]} failed: {item.outcome.failure.describe()}",
+            file=sys.stderr,
+        )
+    if failed:
+        return EXIT_PROBE_FAILED
+    if verdict.suspect_pairs or verdict.suspect_members:
+        print(f"netmon: UNHEALTHY: {verdict.describe()}", file=sys.stderr)
+        return EXIT_GATE
     return EXIT_OK
 
 

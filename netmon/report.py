@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from netmon.bandwidth import DTYPE_SHORT
+from netmon.links import LinkVerdict
+from netmon.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
 
 GB = 1e9
@@ -113,4 +115,69 @@ def json_document(outcomes: Sequence[ProbeOutcome]) -> dict[str, Any]:
             }
             for o in outcomes
         ],
+    }
+
+
+def _largest(outcome: ProbeOutcome) -> SizeResult | None:
+    return max(outcome.results, key=lambda r: r.size_bytes, default=None)
+
+
+def pairs_table(results: Sequence[PairOutcome], verdict: LinkVerdict) -> str:
+    lines = [
+        "# netmon pair probes: busbw at the largest size, against the median of the "
+        "pair's path class",
+        f"# {'gpu':>4} {'peer':>4} {'path':>6} {'size':>10} {'busbw(GB/s)':>12} "
+        f"{'class med':>10} {'ratio':>6}  verdict",
+    ]
+    for item in results:
+        largest = _largest(item.outcome)
+        judged = verdict.pairs.get(item.pair)
+        if largest is None or judged is None:
+            reason = item.outcome.failure.reason if item.outcome.failure else "no result"
+            lines.append(f"  {item.pair[0]:>4} {item.pair[1]:>4} {item.path:>6}  FAILED {reason}")
+            continue
+        median = f"{judged.class_median / GB:.3f}" if judged.class_median else "-"
+        ratio = f"{judged.ratio:.2f}" if judged.ratio is not None else "-"
+        mark = "LOW" if judged.low else "ok"
+        lines.append(
+            f"  {item.pair[0]:>4} {item.pair[1]:>4} {item.path:>6} "
+            f"{largest.size_bytes:>10} {largest.busbw_bytes_per_second / GB:>12.3f} "
+            f"{median:>10} {ratio:>6}  {mark}"
+        )
+    lines.append(f"# {verdict.describe()}")
+    return "\n".join(lines)
+
+
+def pairs_document(
+    results: Sequence[PairOutcome],
+    verdict: LinkVerdict,
+    rounds: Sequence[Sequence[tuple[int, int]]],
+) -> dict[str, Any]:
+    """{"pairs": [...], "verdict": {...}, "rounds": [...]}: per pair its results and ratio."""
+    pairs = []
+    for item in results:
+        judged = verdict.pairs.get(item.pair)
+        pairs.append(
+            {
+                "gpu": item.pair[0],
+                "peer_gpu": item.pair[1],
+                "path": item.path,
+                "ok": item.outcome.ok,
+                "failure": item.outcome.failure.model_dump(mode="json")
+                if item.outcome.failure
+                else None,
+                "results": [r.model_dump(mode="json") for r in item.outcome.results],
+                "class_median_bytes_per_second": judged.class_median if judged else None,
+                "ratio": judged.ratio if judged else None,
+                "low": judged.low if judged else None,
+            }
+        )
+    return {
+        "pairs": pairs,
+        "rounds": [[list(pair) for pair in rnd] for rnd in rounds],
+        "verdict": {
+            "suspect_pairs": [list(pair) for pair in verdict.suspect_pairs],
+            "suspect_gpus": list(verdict.suspect_members),
+            "summary": verdict.describe(),
+        },
     }

@@ -842,3 +842,13 @@ def to_json(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> dict[str, A
         "classes": {str(path): count for path, count in topology.classes().items()},
         "rounds": [[[a, b] for a, b in members] for members in rounds],
     }
+
+
+def uniform(members: int, code: str = "SYS") -> Topology:
+    """`members` ranks all joined by one path class: CPU ranks on a node without GPUs."""
+    if members < 2:
+        raise ValueError("pair probes need at least 2 members")
+    path = PathClass.parse(code)
+    gpus = tuple(Gpu(index) for index in range(members))
+    links = {(a, b): path for a in range(members) for b in range(members) if a != b}
+    return Topology(gpus, path=links)

@@ -1,0 +1,124 @@
+"""Network namespaces joined by veth pairs to a bridge: real links between test 'hosts'.
+
+Each member namespace has `eth0` with 10.231.<net>.1<i>/24; the bridge lives in a namespace of
+its own, so the host's networking is never touched. `tc ... tbf` on both ends of a member's veth
+shapes that member's link in both directions (netem does not exist on this kernel).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.fail("network namespace tests need root (CI and the dev machines run as root)")
+
+
+class Namespaces:
+    def __init__(self, members: int, net: int = 231) -> None:
+        require_root()
+        self.tag = uuid.uuid4().hex[:6]
+        self.net = net
+        self.bridge_ns = f"nmb{self.tag}"
+        self.names = [f"nm{self.tag}-{i}" for i in range(members)]
+        self._created: list[str] = []
+        try:
+            self._build()
+        except BaseException:
+            self.remove()
+            raise
+
+    def address(self, member: int) -> str:
+        return f"10.{self.net}.0.1{member}"
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.bridge_ns)
+        self._created.append(self.bridge_ns)
+        _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
+        for member, name in enumerate(self.names):
+            _ip("netns", "add", name)
+            self._created.append(name)
+            _ip(
+                "-n",
+                self.bridge_ns,
+                "link",
+                "add",
+                f"v{member}",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                name,
+            )
+            _ip("-n", self.bridge_ns, "link", "set", f"v{member}", "master", "br0", "up")
+            _ip("-n", name, "addr", "add", f"{self.address(member)}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+
+    def wrapper(self, placeholder: str = "{gpu}") -> str:
+        return f"ip netns exec nm{self.tag}-{placeholder}"
+
+    def host_template(self) -> str:
+        return f"10.{self.net}.0.1{{gpu}}"
+
+    def shape(self, member: int, rate: str = "1gbit") -> None:
+        for namespace, device in ((self.names[member], "eth0"), (self.bridge_ns, f"v{member}")):
+            subprocess.run(
+                [
+                    "tc",
+                    "-n",
+                    namespace,
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    device,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "100ms",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+
+    def unshape(self, member: int) -> None:
+        for namespace, device in ((self.names[member], "eth0"), (self.bridge_ns, f"v{member}")):
+            subprocess.run(
+                ["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+
+    def remove(self) -> None:
+        for name in reversed(self._created):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        self._created.clear()
+
+    def existing(self) -> Sequence[str]:
+        listed = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ).stdout
+        return [
+            line.split()[0]
+            for line in listed.splitlines()
+            if line.split() and self.tag in line.split()[0]
+        ]
