@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_rate, pars
 from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, field_path
 from netmon.idle import IdlePolicy
+from netmon.paths import check_names
 from netmon.probe.spec import Backend, Timing
 
 ENV_PREFIX = "NETMON_"
@@ -64,13 +66,32 @@ class ProbeConfig(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     min_busbw: float | None = Field(None, ge=0, description="bytes/s; decimal suffixes: 1.5G")
     check: bool = False
-    path: str = "default"  # the path label; topology variants set their own
+    # collective: the op over all devices; pairs: every GPU pair as a 2-rank world, in rounds.
+    kind: Literal["collective", "pairs"] = "collective"
+    # Path variants, each in its own rank processes and exported with its `path` label:
+    # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.paths).
+    paths: tuple[str, ...] = ("default",)
+    # pairs: a pair is suspect under this fraction of its path class's median busbw.
+    suspect_ratio: float = Field(0.7, gt=0, le=1)
+    # pairs: run the plan this many times and judge each pair's best (noise only slows).
+    passes: int = Field(1, ge=1, le=10)
 
-    @field_validator("name", "path")
+    @field_validator("name")
     @classmethod
     def _label_safe(cls, value: str) -> str:
         if not _NAME.fullmatch(value):  # fullmatch: "$" would let a trailing newline in
             raise ValueError("use 1-32 characters: lowercase letters, digits, _ (a label value)")
+        return value
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _paths(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, (list, tuple)):
+            if not value:
+                raise ValueError("give at least one path, like [default, pcie]")
+            return check_names([str(v) for v in value])
         return value
 
     @field_validator("sizes", mode="before")
@@ -146,6 +167,20 @@ class NetmonConfig(_Strict):
     baseline: BaselinePolicy = BaselinePolicy()
     logging: LoggingConfig = LoggingConfig()
     rank_python: str | None = None  # interpreter for rank processes; default: this one
+    # Extra environment for every rank (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME...).
+    env: dict[str, str] = Field(default_factory=dict)
+    # A per-rank command prefix; {rank}, {gpu} and {numa} are replaced:
+    # [numactl, "--cpunodebind={numa}"] on real nodes, [ip, netns, exec, "ns{gpu}"] in tests.
+    rank_wrapper: tuple[str, ...] = ()
+    # The address rank 0 binds for rendezvous; {gpu} is replaced by rank 0's GPU (pair probes).
+    rendezvous_host: str = "127.0.0.1"
+    # `nvidia-smi topo -m` output: the GPU topology when NVML cannot give it (CPU ranks, tests).
+    topology_file: Path | None = None
+
+    @field_validator("rank_wrapper", mode="before")
+    @classmethod
+    def _wrapper(cls, value: object) -> object:
+        return tuple(shlex.split(value)) if isinstance(value, str) else value
 
     @field_validator("listen")
     @classmethod

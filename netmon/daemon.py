@@ -24,7 +24,9 @@ from netmon.config import NetmonConfig
 from netmon.errors import UsageError
 from netmon.exporter import MetricsServer, make_registry
 from netmon.logs import event
-from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner, Results
+from netmon.results import Results
+from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner
+from netmon.topology import Topology, parse_topo_matrix
 
 log = logging.getLogger("netmon.daemon")
 
@@ -60,6 +62,24 @@ def _idle_source(config: NetmonConfig) -> idle.IdleSource:
         return _FailingSource(str(exc))
 
 
+def _topology(config: NetmonConfig) -> Topology | None:
+    """From the configured file, else NVML on GPU nodes; None leaves pairs to the CPU ranks."""
+    if config.topology_file is not None:
+        try:
+            return parse_topo_matrix(config.topology_file.read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"topology_file: {config.topology_file}: {exc}") from None
+    if config.backend != "nccl":
+        return None
+    from netmon.nvml import read_topology
+
+    try:
+        return read_topology()
+    except idle.IdleSourceError as exc:
+        log.warning("no topology from NVML (%s): pair probes and path intents are limited", exc)
+        return None
+
+
 class _FailingSource:
     def __init__(self, message: str) -> None:
         self.message = message
@@ -80,8 +100,21 @@ class Daemon:
                 log.warning("%s", warning)
         self.results = Results(config, book, state_path)
         self.runner = ProbeRunner(
-            config, self.results, DeviceLocks(), idle_source or _idle_source(config), self.stopping
+            config,
+            self.results,
+            DeviceLocks(),
+            idle_source or _idle_source(config),
+            self.stopping,
         )
+        self.runner.topology = _topology(config)
+        if self.runner.topology is not None:
+            self.results.set_topology(
+                [(a, b, str(path)) for (a, b), path in self.runner.topology.pairs().items()]
+            )
+        if config.backend == "nccl":
+            from netmon.nvml import read_link_health
+
+            self.runner.link_health_reader = read_link_health
         self.scheduler = self._scheduler()
         try:
             self.server = MetricsServer(

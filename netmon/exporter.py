@@ -97,6 +97,21 @@ class VerdictPoint:
 
 
 @dataclass(frozen=True)
+class LinkPoint:
+    """One GPU pair (or CPU rank pair) of a pairs probe, at one size, with its verdict."""
+
+    probe: str
+    size_bytes: int
+    gpu: int
+    peer_gpu: int
+    path: str  # the path class, as nvidia-smi topo -m writes it: NV18, PIX, SYS...
+    busbw: float
+    ratio: float | None  # to the median of its path class (judged at the largest size)
+    low: bool
+    suspect: bool
+
+
+@dataclass(frozen=True)
 class ProbeStats:
     runs: int = 0
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -117,6 +132,13 @@ class Snapshot:
     paused: bool = False
     build: Mapping[str, str] = field(default_factory=dict)
     started_at: float = 0.0
+    links: tuple[LinkPoint, ...] = ()
+    suspect_gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pair_members: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    topology: tuple[tuple[int, int, str], ...] = ()  # (gpu, peer_gpu, path class)
+    transports: tuple[tuple[str, str, str], ...] = ()  # (probe, path, transport)
+    transport_faults: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    link_health: Any = None  # netmon.linkhealth.LinkHealth, read during probe traffic
 
 
 def _interval_text(snapshot: Snapshot) -> str:
@@ -136,7 +158,10 @@ class SnapshotCollector:
     def collect(self) -> Iterator[Metric]:
         snapshot = self._current()
         yield from self._series_families(snapshot)
+        yield from self._path_families(snapshot)
+        yield from self._link_families(snapshot)
         yield from self._probe_families(snapshot)
+        yield from _health_families(snapshot)
         paused = GaugeMetricFamily("netmon_paused", "1 while the operator pause file exists")
         paused.add_metric([], 1.0 if snapshot.paused else 0.0)
         yield paused
@@ -196,6 +221,96 @@ class SnapshotCollector:
                 baseline.add_metric(restored.labels(), restored.baseline)
         yield from (busbw, algbw, latency, spread, measured, baseline, ratio, degraded, threshold)
 
+    def _path_families(self, snapshot: Snapshot) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily(
+            "netmon_nvlink_pcie_busbw_ratio",
+            "busbw on the default (NVLink) path over the PCIe host-memory path (NCCL_P2P_DISABLE)"
+            f". {_interval_text(snapshot)}.",
+            labels=["probe", "op", "size_bytes"],
+        )
+        by_key: dict[tuple[str, str, int], dict[str, float]] = {}
+        for point in snapshot.series:
+            by_key.setdefault((point.probe, point.op, point.size_bytes), {})[point.path] = (
+                point.busbw
+            )
+        for (probe, op, size), paths in sorted(by_key.items()):
+            if paths.get("default") and paths.get("pcie"):
+                ratio.add_metric([probe, op, str(size)], paths["default"] / paths["pcie"])
+        yield ratio
+        info = GaugeMetricFamily(
+            "netmon_transport_info",
+            "1 for each transport the ranks of a probe path used, from NCCL_DEBUG=INFO (p2p, shm, "
+            "net_ib, net_socket, net_other, nvls; gloo for CPU ranks)",
+            labels=["probe", "path", "transport"],
+        )
+        for probe, path, transport in snapshot.transports:
+            info.add_metric([probe, path, transport], 1.0)
+        yield info
+        faults = CounterMetricFamily(
+            "netmon_transport_mismatch",
+            "Probe runs whose transports contradicted the intended path, by reason",
+            labels=["probe", "path", "reason"],
+        )
+        for (probe, path, reason), count in sorted(snapshot.transport_faults.items()):
+            faults.add_metric([probe, path, reason], count)
+        yield faults
+
+    def _link_families(self, snapshot: Snapshot) -> Iterator[Metric]:
+        when = _interval_text(snapshot)
+        labels = ["probe", "gpu", "peer_gpu", "path"]
+        busbw = GaugeMetricFamily(
+            "netmon_link_busbw_bytes_per_second",
+            f"busbw of one GPU pair probed alone (2 ranks). {when}.",
+            labels=["probe", "size_bytes", "gpu", "peer_gpu", "path"],
+        )
+        ratio = GaugeMetricFamily(
+            "netmon_link_busbw_ratio",
+            f"A pair's busbw at its largest size over the median of its path class. {when}.",
+            labels=labels,
+        )
+        suspect = GaugeMetricFamily(
+            "netmon_link_suspect",
+            "1 when the pair is low against its path class and neither GPU explains it",
+            labels=labels,
+        )
+        largest: dict[tuple[str, int, int], LinkPoint] = {}
+        for point in snapshot.links:
+            key = (point.probe, point.gpu, point.peer_gpu)
+            busbw.add_metric(
+                [
+                    point.probe,
+                    str(point.size_bytes),
+                    str(point.gpu),
+                    str(point.peer_gpu),
+                    point.path,
+                ],
+                point.busbw,
+            )
+            if key not in largest or point.size_bytes > largest[key].size_bytes:
+                largest[key] = point
+        for point in largest.values():
+            names = [point.probe, str(point.gpu), str(point.peer_gpu), point.path]
+            if point.ratio is not None:
+                ratio.add_metric(names, point.ratio)
+            suspect.add_metric(names, 1.0 if point.suspect else 0.0)
+        gpu_suspect = GaugeMetricFamily(
+            "netmon_gpu_suspect",
+            "1 when every pair of this GPU (or CPU rank) is low against its path class",
+            labels=["probe", "gpu"],
+        )
+        for probe, members in sorted(snapshot.pair_members.items()):
+            suspects = set(snapshot.suspect_gpus.get(probe, ()))
+            for member in members:
+                gpu_suspect.add_metric([probe, str(member)], 1.0 if member in suspects else 0.0)
+        topology = GaugeMetricFamily(
+            "netmon_topology_link_info",
+            "1 for every GPU pair, with its path class as nvidia-smi topo -m shows it (NV18, PIX)",
+            labels=["gpu", "peer_gpu", "path"],
+        )
+        for gpu, peer, path in snapshot.topology:
+            topology.add_metric([str(gpu), str(peer), path], 1.0)
+        yield from (busbw, ratio, suspect, gpu_suspect, topology)
+
     def _probe_families(self, snapshot: Snapshot) -> Iterator[Metric]:
         runs = CounterMetricFamily("netmon_probe_runs", "Probe runs started", labels=["probe"])
         failures = CounterMetricFamily(
@@ -249,6 +364,14 @@ class SnapshotCollector:
             if stats.peak_device_memory is not None:
                 memory.add_metric([name], stats.peak_device_memory)
         yield from (runs, failures, skips, busy, last_success, last_run, duration, memory, interval)
+
+
+def _health_families(snapshot: Snapshot) -> list[Metric]:
+    if snapshot.link_health is None:
+        return []
+    from netmon.linkhealth import health_families
+
+    return list(health_families(snapshot.link_health))
 
 
 def make_registry(current: Callable[[], Snapshot]) -> CollectorRegistry:

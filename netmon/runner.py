@@ -11,20 +11,20 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import netmon
-from netmon import baseline, idle
+from netmon import idle
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exporter import ProbeStats, SeriesPoint, Snapshot, VerdictPoint
 from netmon.logs import event
+from netmon.pairs import PairOutcome, best_per_pair, run_pair_rounds, verdict_at_largest
+from netmon.paths import intent, variant_env
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.results import Results
+from netmon.topology import Topology, plan_rounds, uniform
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,11 @@ def spec_for(probe: ProbeConfig, config: NetmonConfig) -> ProbeSpec:
         backend=backend,
         ranks=ranks,
         devices=devices,
-        env=probe.env,
+        env={**config.env, **probe.env},
         check=probe.check,
         timeout=probe.timeout,
+        wrapper=config.rank_wrapper,
+        host=config.rendezvous_host.format(gpu=devices[0] if devices else 0, rank=0),
     )
     return spec.model_copy(update={"deadlines": spec.deadlines.capped(probe.timeout)})
 
@@ -103,163 +105,6 @@ class DeviceLocks:
                     self._changed.notify_all()
 
 
-@dataclass
-class _Tally:
-    runs: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    skips: dict[str, int] = field(default_factory=dict)
-    last_success: float | None = None
-    last_run: float | None = None
-    duration_s: float | None = None
-    busy_seconds: float = 0.0
-    peak_device_memory: int | None = None
-
-
-class Results:
-    """The daemon's mutable record, guarded by a lock, published as immutable Snapshots."""
-
-    def __init__(
-        self, config: NetmonConfig, book: baseline.BaselineBook, state_path: Path | None
-    ) -> None:
-        self._config = config
-        self._book = book
-        self._state_path = state_path
-        self._lock = threading.Lock()
-        self._tallies = {p.name: _Tally() for p in config.probes or ()}
-        self._points: dict[tuple[str, str, int, str], SeriesPoint] = {}
-        self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
-        self._started_at = time.time()
-        self._snapshot = self._build_snapshot()
-        self.state_write_errors = 0
-
-    def snapshot(self) -> Snapshot:
-        pause = self._config.pause_file
-        snapshot = self._snapshot
-        paused = bool(pause and pause.exists())
-        return snapshot if snapshot.paused == paused else replace(snapshot, paused=paused)
-
-    def skip(self, probe: str, reason: str) -> None:
-        with self._lock:
-            tally = self._tallies[probe]
-            tally.skips[reason] = tally.skips.get(reason, 0) + 1
-            self._snapshot = self._build_snapshot()
-
-    def failed_internally(self, probe: str) -> None:
-        """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
-        with self._lock:
-            tally = self._tallies[probe]
-            tally.failures["internal"] = tally.failures.get("internal", 0) + 1
-            tally.last_run = time.time()
-            self._snapshot = self._build_snapshot()
-
-    def started(self, probe: str) -> None:
-        with self._lock:
-            self._tallies[probe].runs += 1
-            self._snapshot = self._build_snapshot()
-
-    def finished(self, probe: ProbeConfig, outcome: ProbeOutcome) -> list[baseline.Verdict]:
-        verdicts = []
-        with self._lock:
-            tally = self._tallies[probe.name]
-            now = time.time()
-            tally.last_run = now
-            tally.duration_s = outcome.wall_s
-            tally.busy_seconds += outcome.wall_s * max(
-                len(outcome.spec.devices), outcome.spec.ranks
-            )
-            if outcome.peak_device_memory_bytes is not None:
-                tally.peak_device_memory = outcome.peak_device_memory_bytes
-            if outcome.environment and outcome.environment.nccl:
-                self._build["nccl"] = outcome.environment.nccl
-            if outcome.failure is not None:
-                reason = outcome.failure.reason
-                tally.failures[reason] = tally.failures.get(reason, 0) + 1
-            else:
-                tally.last_success = now
-                verdicts = self._learn(probe, outcome, now)
-            self._snapshot = self._build_snapshot()
-        self._save_state()
-        return verdicts
-
-    def _learn(
-        self, probe: ProbeConfig, outcome: ProbeOutcome, now: float
-    ) -> list[baseline.Verdict]:
-        verdicts = []
-        for result in outcome.results:
-            key = (probe.name, result.op, result.size_bytes, probe.path)
-            verdict = self._book.observe(key, result.busbw_bytes_per_second)
-            verdicts.append(verdict)
-            self._points[key] = SeriesPoint(
-                probe=probe.name,
-                op=result.op,
-                size_bytes=result.size_bytes,
-                path=probe.path,
-                busbw=result.busbw_bytes_per_second,
-                algbw=result.algbw_bytes_per_second,
-                latency_s=result.time_s,
-                cv=result.cv,
-                measured_at=now,
-                baseline=verdict.baseline,
-                ratio=verdict.ratio,
-                degraded=verdict.degraded,
-                min_busbw=probe.min_busbw,
-            )
-        return verdicts
-
-    def _save_state(self) -> None:
-        if self._state_path is None:
-            return
-        try:
-            baseline.save(self._state_path, self._book)
-        except OSError as exc:
-            self.state_write_errors += 1
-            log.warning("cannot save baselines to %s: %s", self._state_path, exc)
-
-    def _build_snapshot(self) -> Snapshot:
-        probes = {}
-        for probe in self._config.probes or ():
-            tally = self._tallies[probe.name]
-            probes[probe.name] = ProbeStats(
-                runs=tally.runs,
-                failures=dict(tally.failures),
-                skips=dict(tally.skips),
-                last_success=tally.last_success,
-                last_run=tally.last_run,
-                duration_s=tally.duration_s,
-                busy_seconds=tally.busy_seconds,
-                peak_device_memory=tally.peak_device_memory,
-                interval_s=probe.interval,
-            )
-        points = tuple(self._points[key] for key in sorted(self._points))
-        restored = tuple(
-            VerdictPoint(
-                probe=key[0],
-                op=key[1],
-                size_bytes=key[2],
-                path=key[3],
-                baseline=verdict.baseline,
-                degraded=verdict.degraded,
-            )
-            for key, verdict in sorted(self._book.verdicts().items())
-            if key not in self._points
-        )
-        return Snapshot(
-            series=points,
-            restored=restored,
-            probes=probes,
-            build=dict(self._build),
-            started_at=self._started_at,
-        )
-
-
-def _torch_version() -> str:
-    # From the package metadata: the daemon never imports torch.
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return ""
-
-
 class ProbeRunner:
     """Runs a configured probe when the scheduler says so; never raises."""
 
@@ -279,6 +124,8 @@ class ProbeRunner:
         self.stopping = stopping
         self.launcher = launcher
         self._probes = {p.name: p for p in config.probes or ()}
+        self.topology: Topology | None = None
+        self.link_health_reader: Callable[[bool], Any] | None = None
         # How often a running probe re-reads NVML for foreign processes (the pause file is
         # checked at every launcher poll, as a stat is cheap).
         self.foreign_check_s = 1.0
@@ -313,18 +160,92 @@ class ProbeRunner:
             decision = idle.check(self.idle_source, spec.devices, {os.getpid()}, self.config.idle)
             if not decision.idle:
                 return self._skip(probe, decision.reason or "gpu_unknown", decision.detail)
-            self._probe(probe, spec)
+            if probe.kind == "pairs":
+                self._pairs(probe, spec)
+            else:
+                self._variants(probe, spec)
         return None
 
-    def _probe(self, probe: ProbeConfig, spec: ProbeSpec) -> None:
-        self.results.started(probe.name)
-        launcher = self.launcher(spec, abort=None, python=self.config.rank_python or _python())
-        launcher.abort = self._abort_check(spec, launcher)
-        outcome = launcher.run()
-        self.results.finished(probe, outcome)
-        self._log_outcome(probe, outcome)
+    def _variants(self, probe: ProbeConfig, spec: ProbeSpec) -> None:
+        """Every path variant of the probe, one after the other, each in fresh ranks."""
+        abort = self._abort_check(spec.devices)
+        all_nvlink = self.topology is not None and all_nvlink_between(self.topology, spec.devices)
+        for path in probe.paths:
+            if abort() is not None and path != probe.paths[0]:
+                break
+            variant = spec.model_copy(
+                update={
+                    "env": tuple(sorted({**variant_env(path), **spec.env_dict()}.items())),
+                    "intent": intent(path, all_nvlink),
+                }
+            )
+            self.results.started(probe.name)
+            launcher = self.launcher(
+                variant, abort=abort, python=self._python(), on_event=self._on_measure(variant)
+            )
+            outcome = launcher.run()
+            self.results.finished(probe, outcome, path)
+            self._log_outcome(probe, outcome, path)
 
-    def _abort_check(self, spec: ProbeSpec, launcher: Launcher) -> Callable[[], str | None]:
+    def _pairs(self, probe: ProbeConfig, spec: ProbeSpec) -> None:
+        topo = self.topology or uniform(spec.ranks, "CPU")
+        rounds = plan_rounds(topo)
+        paths = {pair: str(path) for pair, path in topo.pairs().items()}
+        devices = tuple(str(i) for i in topo.indices) if spec.backend == "nccl" else ()
+        abort = self._abort_check(devices)
+        self.results.started(probe.name)
+        started = time.monotonic()
+        measured: list[PairOutcome] = []
+        for _ in range(probe.passes):
+            measured += run_pair_rounds(
+                spec,
+                rounds,
+                paths,
+                topology=topo,
+                host_template=self.config.rendezvous_host,
+                abort=abort,
+                python=self._python(),
+            )
+        results = best_per_pair(measured)
+        verdict = verdict_at_largest(results, probe.suspect_ratio)
+        self.results.finished_pairs(probe, results, verdict, time.monotonic() - started)
+        failed = [item for item in results if not item.outcome.ok]
+        fields: dict[str, Any] = dict(
+            probe=probe.name, pairs=len(results), failed=len(failed), verdict=verdict.describe()
+        )
+        level = (
+            logging.WARNING
+            if failed or verdict.suspect_pairs or verdict.suspect_members
+            else logging.INFO
+        )
+        event(log, "pair probes done", level=level, outcome="failed" if failed else "ok", **fields)
+
+    def _python(self) -> str:
+        return self.config.rank_python or sys.executable
+
+    def _on_measure(self, spec: ProbeSpec) -> Callable[[str, dict[str, Any]], None] | None:
+        """Read link health once traffic flows: an idle GPU lowers its PCIe generation."""
+        if self.link_health_reader is None or spec.backend != "nccl":
+            return None
+        reader = self.link_health_reader
+        taken = threading.Event()
+
+        def on_event(kind: str, fields: dict[str, Any]) -> None:
+            if kind == "phase" and fields.get("phase") == "measure" and not taken.is_set():
+                taken.set()
+
+                def read() -> None:
+                    try:
+                        self.results.set_link_health(reader(True))
+                    except Exception as exc:  # NVML trouble must never touch the probe
+                        log.debug("link health read failed: %s", exc)
+
+                threading.Thread(target=read, name="link-health", daemon=True).start()
+
+        return on_event
+
+    def _abort_check(self, devices: Sequence[str]) -> Callable[[], str | None]:
+        """Stop for shutdown, pause, or a foreign process on our GPUs (NVML, once a second)."""
         next_look = [time.monotonic() + self.foreign_check_s]
 
         def abort() -> str | None:
@@ -332,22 +253,22 @@ class ProbeRunner:
                 return "shutdown"
             if self.paused():
                 return "paused"
-            if spec.devices and time.monotonic() >= next_look[0]:
+            if devices and time.monotonic() >= next_look[0]:
                 next_look[0] = time.monotonic() + self.foreign_check_s
                 try:
                     reading = self.idle_source.read()
                 except Exception:  # NVML hiccup: keep probing; the next look may succeed
                     return None
-                own = {os.getpid(), *launcher.pids}
-                if idle.foreign_processes(reading, spec.devices, own):
+                if idle.foreign_processes(reading, devices, own_processes()):
                     return "preempted"
             return None
 
         return abort
 
-    def _log_outcome(self, probe: ProbeConfig, outcome: ProbeOutcome) -> None:
+    def _log_outcome(self, probe: ProbeConfig, outcome: ProbeOutcome, path: str) -> None:
         fields: dict[str, Any] = dict(
             probe=probe.name,
+            path=path,
             op=outcome.spec.op,
             wall_s=round(outcome.wall_s, 3),
             collective_s=round(outcome.collective_s, 3),
@@ -368,5 +289,24 @@ class ProbeRunner:
         event(log, "probe ok", outcome="ok", **fields)
 
 
-def _python() -> str:
-    return sys.executable
+def own_processes() -> set[int]:
+    """This process and its children: rank processes (in their own sessions, but still ours)."""
+    me = os.getpid()
+    found = {me}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:
+            found.add(int(entry.name))
+    return found
+
+
+def all_nvlink_between(topology: Topology, devices: Sequence[str]) -> bool:
+    indices = [int(d) for d in devices if d.isdigit() and int(d) in topology.indices]
+    if len(indices) < 2:
+        return False
+    return all(topology.is_nvlink(a, b) for a in indices for b in indices if a < b)

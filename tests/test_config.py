@@ -104,7 +104,7 @@ def test_the_documented_file_is_accepted_as_written(tmp_path: Path) -> None:
     assert large.min_busbw == 1e9  # rates are decimal, as nccl-tests' GB/s
     # What the file leaves out keeps its documented default.
     assert small.effective_jitter == 6.0
-    assert small.timeout == 300.0 and small.path == "default"
+    assert small.timeout == 300.0 and small.paths == ("default",)
     assert config.idle == IdlePolicy() and config.baseline == BaselinePolicy()
     assert config.logging == LoggingConfig()
     # Nothing here depends on the machine: resolve() keeps every value the file gave.

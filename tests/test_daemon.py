@@ -214,3 +214,51 @@ def test_a_failing_probe_is_counted_by_reason_and_the_daemon_keeps_serving(
     assert failed and failed[0]["probe"] == "doomed" and failed[0]["reason"].startswith("timeout_")
     assert daemon.stop() == 0
     assert daemon.tagged_processes() == []
+
+
+def test_pair_and_path_probes_export_per_pair_and_per_path(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    probes = [
+        {
+            "name": "pairs",
+            "kind": "pairs",
+            "sizes": ["64K"],
+            "interval": "2s",
+            "iters": 3,
+            "warmup": 1,
+        },
+        {
+            "name": "paths",
+            "sizes": ["64K"],
+            "interval": "2s",
+            "iters": 3,
+            "warmup": 1,
+            "paths": ["default", "pcie"],
+        },
+    ]
+    daemon = start(daemons, tmp_path, probes=probes, ranks=3)
+
+    def complete() -> bool:
+        samples = daemon.scrape()
+        return (
+            len(series(samples, "netmon_link_busbw_bytes_per_second")) == 3
+            and len(series(samples, "netmon_busbw_bytes_per_second")) == 2
+        )
+
+    wait_until(complete, 90, "3 pairs and 2 paths")
+    samples = daemon.scrape()
+    pairs = {
+        (dict(k)["gpu"], dict(k)["peer_gpu"])
+        for k in series(samples, "netmon_link_busbw_bytes_per_second")
+    }
+    assert pairs == {("0", "1"), ("0", "2"), ("1", "2")}
+    assert set(series(samples, "netmon_gpu_suspect").values()) <= {0.0, 1.0}
+    assert len(series(samples, "netmon_gpu_suspect")) == 3
+    paths = {dict(k)["path"] for k in series(samples, "netmon_busbw_bytes_per_second")}
+    assert paths == {"default", "pcie"}
+    assert series(samples, "netmon_nvlink_pcie_busbw_ratio")
+    transports = {dict(k)["transport"] for k in series(samples, "netmon_transport_info")}
+    assert transports == {"gloo"}
+    assert daemon.stop() == 0
+    assert daemon.tagged_processes() == []

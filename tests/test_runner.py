@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,8 @@ from typing import Any
 from netmon import baseline, idle
 from netmon.config import parse_config, resolve
 from netmon.probe.launcher import Launcher
-from netmon.runner import DeviceLocks, ProbeRunner, Results, spec_for
+from netmon.results import Results
+from netmon.runner import DeviceLocks, ProbeRunner
 
 
 def _reading(index: int, pids: tuple[int, ...] = (), utilization: float = 0.0) -> idle.GpuReading:
@@ -73,17 +74,19 @@ def test_pause_file_skips_before_reading_nvml(tmp_path: Path) -> None:
 
 def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
     runner, _ = _runner(tmp_path, idle.ReplaySource([[_reading(0), _reading(1)]]))
-    spec = spec_for(runner.config.probes[0], runner.config)  # type: ignore[index]
-    launcher = Launcher(spec)
-    launcher.pids = [os.getpid() + 1]
     runner.foreign_check_s = 0.0
-    abort = runner._abort_check(spec, launcher)
-    assert abort() is None  # only our own processes: the daemon's and the ranks'
-    source_with_ranks = idle.ReplaySource([[_reading(0, pids=(launcher.pids[0],)), _reading(1)]])
-    runner.idle_source = source_with_ranks
+    abort = runner._abort_check(("0", "1"))
     assert abort() is None
-    runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
-    assert abort() == "preempted"
+    # A child of this process stands for a rank: ours, so not foreign.
+    rank = subprocess.Popen(["sleep", "30"])
+    try:
+        runner.idle_source = idle.ReplaySource([[_reading(0, pids=(rank.pid,)), _reading(1)]])
+        assert abort() is None
+        runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
+        assert abort() == "preempted"
+    finally:
+        rank.kill()
+        rank.wait()
     runner.stopping.set()
     assert abort() == "shutdown"
 

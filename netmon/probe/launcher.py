@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import netmon
-from netmon import bandwidth
+from netmon import bandwidth, nccl_debug
 from netmon.probe.spec import (
     PHASES,
     FailureCause,
@@ -137,6 +137,7 @@ class Launcher:
         self._collective_s = 0.0
         self._candidates: list[_Candidate] = []
         self._start = 0.0
+        self._workdir = Path(tempfile.gettempdir())
         self.pids: list[int] = []
 
     # ---- public ----
@@ -146,12 +147,16 @@ class Launcher:
         self._start = time.monotonic()
         workdir = Path(tempfile.mkdtemp(prefix="netmon-probe-"))
         failure: ProbeFailure | None = None
+        self._workdir = workdir
+        transports: tuple[str, ...] = ()
+        faults: tuple[str, ...] = ()
         try:
             failure = self._spawn_all(workdir)
             if failure is None:
                 failure = self._supervise()
         finally:
             self._terminate_all()
+            transports, faults = self._transports(workdir)
             shutil.rmtree(workdir, ignore_errors=True)
         return ProbeOutcome(
             spec=self.spec,
@@ -162,6 +167,8 @@ class Launcher:
             wall_s=time.monotonic() - self._start,
             collective_s=self._collective_s,
             peak_device_memory_bytes=self._peak_memory,
+            transports=transports,
+            transport_faults=faults,
         )
 
     # ---- spawning ----
@@ -173,6 +180,11 @@ class Launcher:
         if self.spec.backend == "nccl":
             if self.spec.devices:
                 env["CUDA_VISIBLE_DEVICES"] = self.spec.devices[rank]
+            if "NCCL_DEBUG" not in self.spec.env_dict():
+                # The transport actually used is only in NCCL's own log (FIELD-NOTES).
+                env["NCCL_DEBUG"] = "INFO"
+                env["NCCL_DEBUG_SUBSYS"] = "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"
+                env["NCCL_DEBUG_FILE"] = str(self._workdir / f"nccl.rank{rank}.%h.%p.log")
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank must never create a CUDA context
             if _is_loopback(self.spec.host):
@@ -483,6 +495,17 @@ class Launcher:
                         stream.close()
             entry.proc.wait()
             entry.reaped = True
+
+    def _transports(self, workdir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The transports NCCL logged, and how they contradict the intent; gloo is gloo."""
+        if self.spec.backend != "nccl":
+            return ("gloo",), ()
+        logs = sorted(workdir.glob("nccl.rank*.log"))
+        text = "\n".join(path.read_text(errors="replace") for path in logs)
+        if not text:
+            return (), ()
+        report = nccl_debug.parse(text)
+        return tuple(sorted(report.transports)), tuple(nccl_debug.judge(report, self.spec.intent))
 
     def _stderr_tail(self, entry: _Rank) -> str:
         try:

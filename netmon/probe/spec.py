@@ -73,6 +73,8 @@ class ProbeSpec(_Frozen):
     # A per-rank command prefix; {rank}, {gpu} and {numa} are substituted (numactl, ip netns exec).
     wrapper: tuple[str, ...] = ()
     host: str = "127.0.0.1"
+    # What the NCCL transport log must show (nvlink, pcie or any); only judged with nccl.
+    intent: Literal["nvlink", "pcie", "any"] = "any"
 
     @field_validator("sizes", mode="before")
     @classmethod
@@ -200,6 +202,10 @@ class ProbeOutcome(_Frozen):
     wall_s: float  # whole run, process start to last reap
     collective_s: float = 0.0  # time inside timed collectives, summed over sizes
     peak_device_memory_bytes: int | None = None
+    # Transport classes the ranks used (from NCCL_DEBUG=INFO; "gloo" for CPU ranks), and the
+    # ways they contradict the spec's intent (netmon.nccl_debug.REASONS).
+    transports: tuple[str, ...] = ()
+    transport_faults: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:

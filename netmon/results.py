@@ -1,0 +1,272 @@
+"""The daemon's record of what probes did: counters, latest results, baselines and verdicts.
+
+Mutable state lives here behind one lock; the exporter only ever sees the immutable Snapshot that
+every change publishes, so a scrape never observes half an update.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import netmon
+from netmon import baseline
+from netmon.config import NetmonConfig, ProbeConfig
+from netmon.exporter import LinkPoint, ProbeStats, SeriesPoint, Snapshot, VerdictPoint
+from netmon.links import LinkVerdict
+from netmon.pairs import PairOutcome
+from netmon.probe.spec import ProbeOutcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Tally:
+    runs: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    skips: dict[str, int] = field(default_factory=dict)
+    last_success: float | None = None
+    last_run: float | None = None
+    duration_s: float | None = None
+    busy_seconds: float = 0.0
+    peak_device_memory: int | None = None
+
+
+class Results:
+    """The daemon's mutable record, guarded by a lock, published as immutable Snapshots."""
+
+    def __init__(
+        self, config: NetmonConfig, book: baseline.BaselineBook, state_path: Path | None
+    ) -> None:
+        self._config = config
+        self._book = book
+        self._state_path = state_path
+        self._lock = threading.Lock()
+        self._tallies = {p.name: _Tally() for p in config.probes or ()}
+        self._points: dict[tuple[str, str, int, str], SeriesPoint] = {}
+        self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
+        self._started_at = time.time()
+        self._links: dict[str, tuple[LinkPoint, ...]] = {}
+        self._suspect_gpus: dict[str, tuple[int, ...]] = {}
+        self._pair_members: dict[str, tuple[int, ...]] = {}
+        self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._transport_faults: dict[tuple[str, str, str], int] = {}
+        self._topology: tuple[tuple[int, int, str], ...] = ()
+        self._link_health: Any = None
+        self.state_write_errors = 0
+        self._snapshot = self._build_snapshot()
+
+    def snapshot(self) -> Snapshot:
+        pause = self._config.pause_file
+        snapshot = self._snapshot
+        paused = bool(pause and pause.exists())
+        return snapshot if snapshot.paused == paused else replace(snapshot, paused=paused)
+
+    def skip(self, probe: str, reason: str) -> None:
+        with self._lock:
+            tally = self._tallies[probe]
+            tally.skips[reason] = tally.skips.get(reason, 0) + 1
+            self._snapshot = self._build_snapshot()
+
+    def failed_internally(self, probe: str) -> None:
+        """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
+        with self._lock:
+            tally = self._tallies[probe]
+            tally.failures["internal"] = tally.failures.get("internal", 0) + 1
+            tally.last_run = time.time()
+            self._snapshot = self._build_snapshot()
+
+    def started(self, probe: str) -> None:
+        with self._lock:
+            self._tallies[probe].runs += 1
+            self._snapshot = self._build_snapshot()
+
+    def set_topology(self, pairs: Sequence[tuple[int, int, str]]) -> None:
+        with self._lock:
+            self._topology = tuple(pairs)
+            self._snapshot = self._build_snapshot()
+
+    def set_link_health(self, health: Any) -> None:
+        with self._lock:
+            self._link_health = health
+            self._snapshot = self._build_snapshot()
+
+    def _account(self, probe: str, outcome: ProbeOutcome, now: float) -> None:
+        """Cost, memory, versions, transports and the failure reason of one launched probe."""
+        tally = self._tallies[probe]
+        tally.last_run = now
+        tally.busy_seconds += outcome.wall_s * max(len(outcome.spec.devices), outcome.spec.ranks)
+        if outcome.peak_device_memory_bytes is not None:
+            tally.peak_device_memory = outcome.peak_device_memory_bytes
+        if outcome.environment and outcome.environment.nccl:
+            self._build["nccl"] = outcome.environment.nccl
+        if outcome.failure is not None:
+            reason = outcome.failure.reason
+            tally.failures[reason] = tally.failures.get(reason, 0) + 1
+
+    def _note_transports(self, probe: str, path: str, outcome: ProbeOutcome) -> None:
+        if outcome.transports:
+            self._transports[(probe, path)] = outcome.transports
+        for reason in outcome.transport_faults:
+            key = (probe, path, reason)
+            self._transport_faults[key] = self._transport_faults.get(key, 0) + 1
+
+    def finished(
+        self, probe: ProbeConfig, outcome: ProbeOutcome, path: str = "default"
+    ) -> list[baseline.Verdict]:
+        verdicts = []
+        with self._lock:
+            now = time.time()
+            self._account(probe.name, outcome, now)
+            self._tallies[probe.name].duration_s = outcome.wall_s
+            self._note_transports(probe.name, path, outcome)
+            if outcome.failure is None:
+                self._tallies[probe.name].last_success = now
+                verdicts = self._learn(probe, outcome, now, path)
+            self._snapshot = self._build_snapshot()
+        self._save_state()
+        return verdicts
+
+    def finished_pairs(
+        self,
+        probe: ProbeConfig,
+        results: Sequence[PairOutcome],
+        verdict: LinkVerdict,
+        duration_s: float,
+    ) -> None:
+        """One sweep of pair probes: each launched pair is accounted; the verdict replaces the
+        previous one (pairs that failed this time have no point until they succeed again)."""
+        with self._lock:
+            now = time.time()
+            for item in results:
+                self._account(probe.name, item.outcome, now)
+                self._note_transports(probe.name, item.path, item.outcome)
+            tally = self._tallies[probe.name]
+            tally.duration_s = duration_s
+            if results and all(item.outcome.ok for item in results):
+                tally.last_success = now
+            self._links[probe.name] = _link_points(probe.name, results, verdict)
+            self._suspect_gpus[probe.name] = verdict.suspect_members
+            self._pair_members[probe.name] = tuple(
+                sorted({m for item in results for m in item.pair})
+            )
+            self._snapshot = self._build_snapshot()
+
+    def _learn(
+        self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str
+    ) -> list[baseline.Verdict]:
+        verdicts = []
+        for result in outcome.results:
+            key = (probe.name, result.op, result.size_bytes, path)
+            verdict = self._book.observe(key, result.busbw_bytes_per_second)
+            verdicts.append(verdict)
+            self._points[key] = SeriesPoint(
+                probe=probe.name,
+                op=result.op,
+                size_bytes=result.size_bytes,
+                path=path,
+                busbw=result.busbw_bytes_per_second,
+                algbw=result.algbw_bytes_per_second,
+                latency_s=result.time_s,
+                cv=result.cv,
+                measured_at=now,
+                baseline=verdict.baseline,
+                ratio=verdict.ratio,
+                degraded=verdict.degraded,
+                min_busbw=probe.min_busbw,
+            )
+        return verdicts
+
+    def _save_state(self) -> None:
+        if self._state_path is None:
+            return
+        try:
+            baseline.save(self._state_path, self._book)
+        except OSError as exc:
+            self.state_write_errors += 1
+            log.warning("cannot save baselines to %s: %s", self._state_path, exc)
+
+    def _build_snapshot(self) -> Snapshot:
+        probes = {}
+        for probe in self._config.probes or ():
+            tally = self._tallies[probe.name]
+            probes[probe.name] = ProbeStats(
+                runs=tally.runs,
+                failures=dict(tally.failures),
+                skips=dict(tally.skips),
+                last_success=tally.last_success,
+                last_run=tally.last_run,
+                duration_s=tally.duration_s,
+                busy_seconds=tally.busy_seconds,
+                peak_device_memory=tally.peak_device_memory,
+                interval_s=probe.interval,
+            )
+        points = tuple(self._points[key] for key in sorted(self._points))
+        restored = tuple(
+            VerdictPoint(
+                probe=key[0],
+                op=key[1],
+                size_bytes=key[2],
+                path=key[3],
+                baseline=verdict.baseline,
+                degraded=verdict.degraded,
+            )
+            for key, verdict in sorted(self._book.verdicts().items())
+            if key not in self._points
+        )
+        return Snapshot(
+            series=points,
+            restored=restored,
+            probes=probes,
+            build=dict(self._build),
+            started_at=self._started_at,
+            links=tuple(point for name in sorted(self._links) for point in self._links[name]),
+            suspect_gpus=dict(self._suspect_gpus),
+            pair_members=dict(self._pair_members),
+            topology=self._topology,
+            transports=tuple(
+                (probe, path, transport)
+                for (probe, path), found in sorted(self._transports.items())
+                for transport in found
+            ),
+            transport_faults=dict(self._transport_faults),
+            link_health=self._link_health,
+        )
+
+
+def _torch_version() -> str:
+    # From the package metadata: the daemon never imports torch.
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _link_points(
+    probe: str, results: Sequence[PairOutcome], verdict: LinkVerdict
+) -> tuple[LinkPoint, ...]:
+    points = []
+    suspect = set(verdict.suspect_pairs)
+    for item in results:
+        judged = verdict.pairs.get(item.pair)
+        for result in item.outcome.results:
+            points.append(
+                LinkPoint(
+                    probe=probe,
+                    size_bytes=result.size_bytes,
+                    gpu=item.pair[0],
+                    peer_gpu=item.pair[1],
+                    path=item.path,
+                    busbw=result.busbw_bytes_per_second,
+                    ratio=judged.ratio if judged else None,
+                    low=bool(judged and judged.low),
+                    suspect=item.pair in suspect,
+                )
+            )
+    return tuple(points)
