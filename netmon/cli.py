@@ -110,6 +110,16 @@ def _add_probe_parser(commands: Any) -> None:
         "(decimal: 1.5G = 1.5e9 B/s)",
     )
     probe.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    probe.add_argument(
+        "--textfile",
+        type=Path,
+        metavar="PATH",
+        help="also write the results in Prometheus text format, atomically, for "
+        "node_exporter's textfile collector (PATH ending in .prom)",
+    )
+    probe.add_argument(
+        "--name", default="cli", help="the probe label in --textfile output (default cli)"
+    )
     probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     probe.add_argument(
         "--host",
@@ -431,6 +441,13 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     total = sum(len(spec.sizes) for spec in specs)
     on_event = _progress(args.quiet or total < 2, total)
     outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
+    if args.textfile is not None:
+        from netmon import textfile
+
+        try:
+            textfile.write(args.textfile, outcomes, args.name, min_busbw)
+        except OSError as exc:
+            raise UsageError(f"--textfile: {args.textfile}: {exc.strerror}") from None
     if args.json:
         print(json.dumps(report.json_document(outcomes), indent=2))
     else:

@@ -142,7 +142,10 @@ class Snapshot:
 
 
 def _interval_text(snapshot: Snapshot) -> str:
-    parts = [f"{name} every {stats.interval_s:g} s" for name, stats in snapshot.probes.items()]
+    parts = [
+        f"{name} every {stats.interval_s:g} s" if stats.interval_s else f"{name} once"
+        for name, stats in snapshot.probes.items()
+    ]
     return "Measured by the probes (" + ", ".join(parts) + "), not at scrape time"
 
 

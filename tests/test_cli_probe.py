@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 NETMON = [sys.executable, "-m", "netmon"]
 
@@ -119,3 +121,46 @@ def test_a_probe_that_cannot_finish_exits_3() -> None:
     doc = json.loads(done.stdout)
     assert doc["failures"][0]["cause"] == "timeout"
     assert "failed" in done.stderr
+
+
+def test_textfile_is_prometheus_text_written_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "netmon.prom"
+    done = run(
+        "probe",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "8,64K",
+        "-n",
+        "2",
+        "-q",
+        "--textfile",
+        str(target),
+        "--name",
+        "slurm_check",
+        "--min-busbw",
+        "1K",
+    )
+    assert done.returncode == 0, done.stderr
+    samples = {
+        (s.name, s.labels.get("size_bytes")): s.value
+        for family in text_string_to_metric_families(target.read_text())
+        for s in family.samples
+    }
+    assert samples[("netmon_busbw_bytes_per_second", "65536")] > 0
+    assert samples[("netmon_busbw_threshold_bytes_per_second", "65536")] == 1000.0
+    assert samples[("netmon_probe_runs_total", None)] == 1.0
+    assert [p.name for p in tmp_path.iterdir()] == ["netmon.prom"]  # no temporary left
+    unwritable = run(
+        "probe",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "8",
+        "-n",
+        "1",
+        "-q",
+        "--textfile",
+        str(tmp_path / "missing" / "x.prom"),
+    )
+    assert unwritable.returncode == 2 and "--textfile" in unwritable.stderr
