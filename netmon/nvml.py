@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from netmon import linkhealth
 from netmon.idle import ComputeMode, GpuReading, IdleSourceError
 from netmon.topology import (
     GpuTopologyReading,
@@ -297,5 +299,117 @@ def read_topology(nvml: Any = None) -> Topology:
                 level = ask(nv.nvmlDeviceGetTopologyCommonAncestor, handle_a, handle_b)
                 ancestors[(first.index, second.index)] = None if level is None else int(level)
         return topology_from_readings(readings, ancestors)
+    finally:
+        nv.nvmlShutdown()
+
+
+# --- Link health --------------------------------------------------------------------------------
+
+# nvmlFieldValue_t.scopeId asking for a per-link field summed over all of the GPU's links (nvml.h:
+# "A scopeId of UINT_MAX returns aggregate value summed up across all links").
+_ALL_LINKS = 0xFFFFFFFF
+
+
+def _open_nvml(nvml: Any) -> Any:
+    """The pynvml module (or the stand-in given), initialised; NvmlUnavailable if it cannot be."""
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NvmlUnavailable(
+                "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
+            ) from exc
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise NvmlUnavailable(
+            f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
+        ) from exc
+    return nvml
+
+
+def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealth:
+    """PCIe and NVLink state and error counters of every GPU, read now.
+
+    `under_load` is the caller's word that probe traffic flows during this call; only then does a
+    lower PCIe generation count as downtrained. The maximum generation read is
+    nvmlDeviceGetMaxPcieLinkGeneration, what GPU and host allow together;
+    nvmlDeviceGetGpuMaxPcieLinkGeneration (the GPU alone) is not read, as a GPU in a slower slot
+    runs as fast as it can. The translation is in netmon.linkhealth (*_from_raw).
+
+    Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
+    warning; a value NVML cannot give (NotSupported, NoPermission, ...) is None.
+    """
+    nv: Any = _open_nvml(nvml)
+
+    def ask(call: Callable[..., Any], *args: object) -> Any:
+        try:
+            return call(*args)
+        except nv.NVMLError as exc:
+            log.debug("NVML: %s%s unanswered: %s", getattr(call, "__name__", call), args[1:], exc)
+            return None
+
+    counters: dict[linkhealth.NvLinkError, int] = {
+        "replay": nv.NVML_NVLINK_ERROR_DL_REPLAY,
+        "recovery": nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+        "crc_flit": nv.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        "crc_data": nv.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    }
+    # NotSupported at link 0: a GPU without NVLink. InvalidArgument: past the GPU's last link.
+    no_more_links = (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT)
+    throughput_fields = [
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+    ]
+    try:
+        read_at = time.time()
+        pcie: list[linkhealth.PcieReading] = []
+        nvlinks: list[linkhealth.NvLinkReading] = []
+        throughput: list[linkhealth.NvLinkThroughput] = []
+        for index in range(int(nv.nvmlDeviceGetCount())):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except nv.NVMLError as exc:
+                log.warning("NVML: GPU %d unreadable, no link health for it: %s", index, exc)
+                continue
+            pcie.append(
+                linkhealth.pcie_from_raw(
+                    index,
+                    gen=ask(nv.nvmlDeviceGetCurrPcieLinkGeneration, handle),
+                    gen_max=ask(nv.nvmlDeviceGetMaxPcieLinkGeneration, handle),
+                    width=ask(nv.nvmlDeviceGetCurrPcieLinkWidth, handle),
+                    width_max=ask(nv.nvmlDeviceGetMaxPcieLinkWidth, handle),
+                    replay_counter=ask(nv.nvmlDeviceGetPcieReplayCounter, handle),
+                )
+            )
+            links = []
+            for link in range(int(nv.NVML_NVLINK_MAX_LINKS)):
+                try:
+                    state = nv.nvmlDeviceGetNvLinkState(handle, link)
+                except nv.NVMLError as exc:
+                    if getattr(exc, "value", None) in no_more_links:
+                        break
+                    log.debug("NVML: GPU %d NVLink %d state unanswered: %s", index, link, exc)
+                    continue
+                errors = {
+                    name: ask(nv.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
+                    for name, counter in counters.items()
+                }
+                links.append(linkhealth.nvlink_from_raw(index, link, state=state, errors=errors))
+            nvlinks.extend(links)
+            if links:  # a GPU without NVLink has no throughput to count
+                fields = ask(nv.nvmlDeviceGetFieldValues, handle, throughput_fields)
+                tx, rx = (None, None) if fields is None else (fields[0], fields[1])
+                sent = linkhealth.throughput_from_fields(index, tx, rx)
+                if sent is not None:
+                    throughput.append(sent)
+        return linkhealth.LinkHealth(
+            pcie=tuple(pcie),
+            nvlinks=tuple(nvlinks),
+            throughput=tuple(throughput),
+            under_load=under_load,
+            read_at=read_at,
+        )
     finally:
         nv.nvmlShutdown()

@@ -28,12 +28,14 @@ from netmon.exporter import (
     FAILURE_REASONS,
     SERIES_LABELS,
     SKIP_REASONS,
+    LinkPoint,
     MetricsServer,
     ProbeStats,
     SeriesPoint,
     Snapshot,
     make_registry,
 )
+from netmon.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.spec import (
     PHASES,
     FailureCause,
@@ -42,7 +44,8 @@ from netmon.probe.spec import (
     ProbeOutcome,
     SizeResult,
 )
-from netmon.runner import Results, spec_for
+from netmon.results import Results
+from netmon.runner import spec_for
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 MIB = 1 << 20
@@ -276,13 +279,53 @@ def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> N
 def test_the_documented_contract_matches_what_is_exported() -> None:
     docs = DOCS.read_text()
     documented = set(re.findall(r"^\| `(netmon_[a-z_]+)`", docs, flags=re.MULTILINE))
-    paused = dataclasses.replace(SNAPSHOT, paused=True)
+    # Every optional family present: paths, transports, pairs, topology and NVML link health.
+    pcie = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
+    default = dataclasses.replace(LARGE, path="default")
+    health = LinkHealth(
+        pcie=(PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=16, replay_counter=3),),
+        nvlinks=(
+            NvLinkReading(
+                gpu=0,
+                link=0,
+                active=True,
+                replay_errors=0,
+                recovery_errors=0,
+                crc_flit_errors=1,
+                crc_data_errors=0,
+            ),
+        ),
+        throughput=(NvLinkThroughput(gpu=0, tx_bytes=1024, rx_bytes=2048),),
+        under_load=True,
+        read_at=T0,
+    )
+    link = LinkPoint(
+        probe="pairs",
+        size_bytes=MIB,
+        gpu=0,
+        peer_gpu=1,
+        path="NV18",
+        busbw=1e9,
+        ratio=1.0,
+        low=False,
+        suspect=False,
+    )
+    full = dataclasses.replace(
+        SNAPSHOT,
+        paused=True,
+        series=(*SNAPSHOT.series, pcie, default),
+        links=(link,),
+        suspect_gpus={"pairs": ()},
+        pair_members={"pairs": (0, 1)},
+        topology=((0, 1, "NV18"),),
+        transports=(("large", "default", "p2p"),),
+        transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
+        link_health=health,
+    )
     exported = {
-        sample.name
-        for family in make_registry(lambda: paused).collect()
-        for sample in family.samples
+        sample.name for family in make_registry(lambda: full).collect() for sample in family.samples
     }
-    assert documented == exported
+    assert documented == exported, (documented - exported, exported - documented)
     for reason in (*FAILURE_REASONS, *SKIP_REASONS):
         assert f"`{reason}`" in docs, reason
 

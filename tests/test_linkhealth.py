@@ -1,0 +1,490 @@
+"""PCIe and NVLink health: recorded nvidia-smi output -> readings -> verdicts -> metric families,
+and read_link_health on a stand-in pynvml (this machine has no GPU).
+
+The fixtures are published real outputs (tests/fixtures/SOURCES.md, "nvlink / PCIe"). The
+stand-in pynvml binds every call against the installed module's real signature, like
+tests/test_idle.py, and returns values shaped as the recorded machines report them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from netmon.idle import IdleSourceError
+from netmon.linkhealth import (
+    DOWNTRAIN_REASONS,
+    NVLINK_ERRORS,
+    LinkHealth,
+    NvLinkReading,
+    NvLinkThroughput,
+    PcieReading,
+    downtrained,
+    field_number,
+    health_families,
+    nvlink_from_raw,
+    parse_nvidia_smi_q_pci,
+    parse_nvlink_status,
+    parse_pcie_query_csv,
+    pcie_from_raw,
+    throughput_from_fields,
+)
+from netmon.nvml import NvmlUnavailable, read_link_health
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / name).read_text(encoding="utf-8")
+
+
+def pcie(
+    gpu: int = 0,
+    gen: int | None = 4,
+    gen_max: int | None = 4,
+    width: int | None = 16,
+    width_max: int | None = 16,
+    replay_counter: int | None = 0,
+) -> PcieReading:
+    return PcieReading(gpu, gen, gen_max, width, width_max, replay_counter)
+
+
+# --- recorded outputs -> readings ---------------------------------------------------------------
+
+
+def test_rtx4070_laptop_q_block_is_gen4_x8_healthy() -> None:
+    (reading,) = parse_nvidia_smi_q_pci(fixture("pcie_q_rtx4070_laptop_gen4_x8_healthy.txt"))
+    assert reading == PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=8, replay_counter=0)
+    # A laptop part is natively x8: that is its maximum, not a fault.
+    assert downtrained(reading, under_load=True) == []
+    assert downtrained(reading, under_load=False) == []
+
+
+def test_q_block_numbering_and_device_host_max_only() -> None:
+    # `nvidia-smi -q -i 3` prints one block; the caller knows the index.
+    text = fixture("pcie_q_rtx4070_laptop_gen4_x8_healthy.txt")
+    assert [r.gpu for r in parse_nvidia_smi_q_pci(text, first_gpu=3)] == [3]
+    # Two blocks (full `nvidia-smi -q`): numbered in order.
+    assert [r.gpu for r in parse_nvidia_smi_q_pci(text + text)] == [0, 1]
+    # Without the combined `Max` line, the lower of Device Max and Host Max is the bound, and
+    # `Device Max` is never taken for `Max`.
+    host_limited = text.replace("Max                       : 4", "Removed : x").replace(
+        "Host Max                  : 4", "Host Max                  : 3"
+    )
+    (reading,) = parse_nvidia_smi_q_pci(host_limited)
+    assert (reading.gen, reading.gen_max, reading.width_max) == (4, 3, 8)
+    assert parse_nvidia_smi_q_pci("") == []
+
+
+def test_q_block_with_not_available_values() -> None:
+    text = (
+        "    PCI\n"
+        "        GPU Link Info\n"
+        "            PCIe Generation\n"
+        "                Max                       : N/A\n"
+        "                Current                   : 1\n"
+        "            Link Width\n"
+        "                Max                       : 16x\n"
+        "                Current                   : N/A\n"
+    )
+    (reading,) = parse_nvidia_smi_q_pci(text)
+    assert reading == PcieReading(0, 1, None, None, 16, None)
+    assert downtrained(reading, under_load=True) == []  # nothing to compare with
+
+
+def test_rtx5060ti_csv_is_width_4_of_16() -> None:
+    readings = parse_pcie_query_csv(fixture("pcie_query_csv_2x_rtx5060ti_gen3_x4_of_x16.txt"))
+    assert len(readings) == 20  # ten samples of GPUs 1 and 2, in file order
+    assert [r.gpu for r in readings[:4]] == [1, 2, 1, 2]
+    assert set(readings) == {
+        PcieReading(gpu=1, gen=3, gen_max=3, width=4, width_max=16, replay_counter=None),
+        PcieReading(gpu=2, gen=3, gen_max=3, width=4, width_max=16, replay_counter=None),
+    }
+    for reading in readings:
+        assert downtrained(reading, under_load=False) == ["width"]
+        assert downtrained(reading, under_load=True) == ["width"]
+
+
+def test_csv_columns_are_found_by_name() -> None:
+    # nvidia-smi's own `--format=csv`: ", " separators, units in headers, [N/A] values.
+    text = (
+        "pcie.link.width.max, index, memory.used [MiB], pcie.link.gen.current,"
+        " pcie.link.gen.max, pcie.link.width.current\n"
+        "16, 0, 100 MiB, 1, 4, 16\n"
+        "[N/A], 1, 100 MiB, [N/A], 5, 8\n"
+    )
+    assert parse_pcie_query_csv(text) == [
+        PcieReading(0, 1, 4, 16, 16, None),
+        PcieReading(1, None, 5, 8, None, None),
+    ]
+    assert parse_pcie_query_csv("") == []
+    with pytest.raises(ValueError, match="index"):
+        parse_pcie_query_csv("1,3,3,4,16\n")  # noheader: columns cannot be named
+
+
+def test_generation_drop_counts_only_under_load() -> None:
+    # An idle GPU parks its link at Gen1 (nvtop#6); under probe traffic that is a fault.
+    parked = pcie(gen=1, gen_max=4)
+    assert downtrained(parked, under_load=False) == []
+    assert downtrained(parked, under_load=True) == ["generation"]
+    both = pcie(gen=3, gen_max=4, width=8, width_max=16)
+    assert downtrained(both, under_load=True) == ["generation", "width"]
+    assert downtrained(both, under_load=False) == ["width"]
+    assert downtrained(pcie(gen=None, width=None), under_load=True) == []
+    assert DOWNTRAIN_REASONS == ("generation", "width")
+
+
+def test_nvlink_status_bridged_pair_and_unbridged_gpu() -> None:
+    readings = parse_nvlink_status(fixture("nvlink_status_3x_rtxa6000_one_unbridged.txt"))
+    assert [(r.gpu, r.link) for r in readings] == [(g, n) for g in (0, 1) for n in range(4)]
+    assert all(r.active for r in readings)
+    assert all(r.errors() == dict.fromkeys(NVLINK_ERRORS) for r in readings)
+    assert not [r for r in readings if r.gpu == 2]  # "all links are inActive"
+
+
+def test_nvlink_status_inactive_link() -> None:
+    text = "GPU 0: NVIDIA A100 (UUID: GPU-x)\n\t Link 0: 25 GB/s\n\t Link 1: <inactive>\n"
+    assert [(r.link, r.active) for r in parse_nvlink_status(text)] == [(0, True), (1, False)]
+
+
+# --- pynvml values -> readings ------------------------------------------------------------------
+
+
+def field(value: int, *, ret: int = pynvml.NVML_SUCCESS, kind: int = 3) -> Any:
+    """A real c_nvmlFieldValue_t, as nvmlDeviceGetFieldValues returns it."""
+    raw = pynvml.c_nvmlFieldValue_t()
+    raw.nvmlReturn = ret
+    raw.valueType = kind
+    if kind == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        raw.value.uiVal = value
+    else:
+        raw.value.ullVal = value
+    return raw
+
+
+def test_pcie_from_raw() -> None:
+    assert pcie_from_raw(
+        1, gen=1, gen_max=4, width=16, width_max=16, replay_counter=12
+    ) == PcieReading(1, 1, 4, 16, 16, 12)
+    # Unanswered calls, and NVML_VALUE_NOT_AVAILABLE returned as a value, are unknown.
+    assert pcie_from_raw(
+        0, gen=None, gen_max=0xFFFFFFFF, width=None, width_max=None, replay_counter=None
+    ) == PcieReading(0, None, None, None, None, None)
+
+
+def test_nvlink_from_raw() -> None:
+    reading = nvlink_from_raw(
+        3,
+        7,
+        state=pynvml.NVML_FEATURE_ENABLED,
+        errors={"replay": 5, "recovery": 0, "crc_flit": 2, "crc_data": None},
+    )
+    assert reading == NvLinkReading(3, 7, True, 5, 0, 2, None)
+    down = nvlink_from_raw(3, 8, state=pynvml.NVML_FEATURE_DISABLED, errors={})
+    assert down == NvLinkReading(3, 8, False, None, None, None, None)
+
+
+def test_throughput_from_fields_converts_kib() -> None:
+    assert throughput_from_fields(0, field(3), field(1 << 40)) == NvLinkThroughput(
+        0, 3 * 1024, (1 << 40) * 1024
+    )
+    unsupported = field(0, ret=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert throughput_from_fields(0, field(2), unsupported) == NvLinkThroughput(0, 2048, None)
+    assert throughput_from_fields(0, unsupported, unsupported) is None
+    assert throughput_from_fields(0, None, None) is None
+    assert field_number(field(9, kind=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT)) == 9
+    assert field_number(field(9, kind=99)) is None
+
+
+# --- metric families ----------------------------------------------------------------------------
+
+
+class Fixed:
+    def __init__(self, families: Sequence[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def registry_of(health: LinkHealth | None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed(health_families(health)))
+    return registry
+
+
+def test_families_from_the_recorded_5060ti_under_load() -> None:
+    readings = parse_pcie_query_csv(fixture("pcie_query_csv_2x_rtx5060ti_gen3_x4_of_x16.txt"))
+    latest = tuple({r.gpu: r for r in readings}.values())
+    registry = registry_of(LinkHealth(latest, (), (), under_load=True, read_at=1781646033.289))
+    value = registry.get_sample_value
+    assert value("netmon_pcie_link_generation", {"gpu": "1"}) == 3
+    assert value("netmon_pcie_link_generation_max", {"gpu": "2"}) == 3
+    assert value("netmon_pcie_link_width", {"gpu": "1"}) == 4
+    assert value("netmon_pcie_link_width_max", {"gpu": "1"}) == 16
+    assert value("netmon_pcie_link_downtrained", {"gpu": "1", "reason": "width"}) == 1
+    assert value("netmon_pcie_link_downtrained", {"gpu": "2", "reason": "generation"}) == 0
+    assert value("netmon_pcie_replay_errors_total", {"gpu": "1"}) is None  # not in the CSV
+    assert value("netmon_link_health_read_timestamp_seconds") == 1781646033.289
+    assert value("netmon_link_health_under_load") == 1
+
+
+def test_families_idle_reading_has_no_generation_verdict() -> None:
+    health = LinkHealth((pcie(gen=1, gen_max=4, replay_counter=7),), (), (), False, 5.0)
+    registry = registry_of(health)
+    value = registry.get_sample_value
+    assert value("netmon_pcie_link_generation", {"gpu": "0"}) == 1
+    assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "generation"}) is None
+    assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "width"}) == 0
+    assert value("netmon_pcie_replay_errors_total", {"gpu": "0"}) == 7
+    assert value("netmon_link_health_under_load") == 0
+    under_load = registry_of(LinkHealth(health.pcie, (), (), True, 5.0))
+    labels = {"gpu": "0", "reason": "generation"}
+    assert under_load.get_sample_value("netmon_pcie_link_downtrained", labels) == 1
+
+
+def test_families_nvlink_and_help_texts() -> None:
+    recorded = parse_nvlink_status(fixture("nvlink_status_3x_rtxa6000_one_unbridged.txt"))
+    links = (*recorded, NvLinkReading(2, 0, False, 1, 2, 3, None))
+    health = LinkHealth((), links, (NvLinkThroughput(0, 4096, None),), True, 10.0)
+    registry = registry_of(health)
+    value = registry.get_sample_value
+    assert value("netmon_nvlink_up", {"gpu": "1", "link": "3"}) == 1
+    assert value("netmon_nvlink_up", {"gpu": "2", "link": "0"}) == 0
+    for error, count in (("replay", 1), ("recovery", 2), ("crc_flit", 3)):
+        labels = {"gpu": "2", "link": "0", "error": error}
+        assert value("netmon_nvlink_errors_total", labels) == count
+    assert (
+        value("netmon_nvlink_errors_total", {"gpu": "2", "link": "0", "error": "crc_data"}) is None
+    )
+    assert value("netmon_nvlink_errors_total", {"gpu": "0", "link": "0", "error": "replay"}) is None
+    assert value("netmon_nvlink_throughput_bytes_total", {"gpu": "0", "direction": "tx"}) == 4096
+    assert value("netmon_nvlink_throughput_bytes_total", {"gpu": "0", "direction": "rx"}) is None
+    text = generate_latest(registry).decode()
+    assert "# TYPE netmon_nvlink_errors_total counter" in text
+    assert "# TYPE netmon_nvlink_throughput_bytes_total counter" in text
+    for family in health_families(health):
+        assert "not at scrape time" in family.documentation or family.name.endswith("under_load")
+        assert "probe" in family.documentation
+
+
+def test_no_reading_no_families() -> None:
+    assert health_families(None) == []
+    assert generate_latest(registry_of(None)) == b""
+
+
+# --- read_link_health on a stand-in pynvml -------------------------------------------------------
+
+
+def nvml_error(code: int) -> Exception:
+    error: Exception = pynvml.NVMLError(code)  # pynvml picks the subclass, e.g. NotSupported
+    return error
+
+
+ERRORS_GPU0 = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 11,
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1,
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 40,
+}
+
+
+class FakeNvml:
+    """pynvml as read_link_health uses it, for a node of three GPUs.
+
+    GPU 0 (an RTX A6000 of the recorded bridged pair): Gen4 x16, links 0-3 active, 4-5 inactive,
+    InvalidArgument from link 6 on; CRC data counter unsupported; throughput 5 / 7 KiB.
+    GPU 1 (a PCIe-only card read while idle): parked at Gen1 of 4, x8 of x16, no replay counter,
+    NotSupported at NVLink 0. GPU 2 is lost. Functions are bound against the real signatures;
+    constants and exception classes come from the real module.
+    """
+
+    def __init__(self, init_error: Exception | None = None) -> None:
+        self.init_error = init_error
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.shutdowns = 0
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(pynvml, name)  # AttributeError for a name pynvml does not have
+        if not name.startswith("nvml"):
+            return real  # constants, NVMLError
+        answer = getattr(self, "_" + name)
+
+        def call(*args: Any) -> Any:
+            inspect.signature(real).bind(*args)
+            self.calls.append((name, args))
+            return answer(*args)
+
+        return call
+
+    def _nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
+    def _nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def _nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index == 2:
+            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return index
+
+    def _nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
+        return (4, 1)[handle]
+
+    def _nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
+        return 4
+
+    def _nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
+        return (16, 8)[handle]
+
+    def _nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
+        return 16
+
+    def _nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
+        if handle == 1:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 2
+
+    def _nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
+        if handle == 1:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= 6:
+            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        enabled: int = pynvml.NVML_FEATURE_ENABLED
+        return enabled if link < 4 else pynvml.NVML_FEATURE_DISABLED
+
+    def _nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
+        if counter not in ERRORS_GPU0:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return ERRORS_GPU0[counter] if link == 0 else 0
+
+    def _nvmlDeviceGetFieldValues(self, handle: int, field_ids: list[tuple[int, int]]) -> Any:
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        kib = {
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 5,
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 7,
+        }
+        for slot, (field_id, scope) in zip(values, field_ids, strict=True):
+            assert scope == ctypes.c_uint32(-1).value  # summed over all links
+            slot.fieldId, slot.scopeId = field_id, scope
+            slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            slot.nvmlReturn = pynvml.NVML_SUCCESS
+            slot.value.ullVal = kib[field_id]
+        return values
+
+
+def test_read_link_health_reads_and_degrades() -> None:
+    fake = FakeNvml()
+    health = read_link_health(under_load=False, nvml=fake)
+    assert health.pcie == (
+        PcieReading(0, 4, 4, 16, 16, 2),
+        PcieReading(1, 1, 4, 8, 16, None),
+    )
+    assert [(r.gpu, r.link, r.active) for r in health.nvlinks] == [
+        (0, link, link < 4) for link in range(6)
+    ]
+    assert health.nvlinks[0] == NvLinkReading(0, 0, True, 11, 1, 40, None)
+    assert health.nvlinks[5] == NvLinkReading(0, 5, False, 0, 0, 0, None)
+    assert health.throughput == (NvLinkThroughput(0, 5 * 1024, 7 * 1024),)
+    assert not health.under_load
+    assert health.read_at > 1.7e9
+    # Link enumeration stops at InvalidArgument (GPU 0) and at NotSupported on link 0 (GPU 1).
+    states = [args for name, args in fake.calls if name == "nvmlDeviceGetNvLinkState"]
+    assert states == [(0, link) for link in range(7)] + [(1, 0)]
+    # No field values asked of a GPU without NVLink, nothing asked of the lost GPU.
+    assert [args[0] for name, args in fake.calls if name == "nvmlDeviceGetFieldValues"] == [0]
+    assert [name for name, args in fake.calls if args[:1] == (2,)] == ["nvmlDeviceGetHandleByIndex"]
+    assert fake.shutdowns == 1
+    # Read idle, GPU 1's Gen1 is no fault; its x8 of x16 is.
+    assert [downtrained(p, health.under_load) for p in health.pcie] == [[], ["width"]]
+
+
+def test_read_link_health_families_end_to_end() -> None:
+    registry = registry_of(read_link_health(under_load=True, nvml=FakeNvml()))
+    value = registry.get_sample_value
+    assert value("netmon_pcie_link_downtrained", {"gpu": "1", "reason": "generation"}) == 1
+    assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "generation"}) == 0
+    assert value("netmon_pcie_replay_errors_total", {"gpu": "0"}) == 2
+    assert value("netmon_nvlink_up", {"gpu": "0", "link": "4"}) == 0
+    assert value("netmon_nvlink_errors_total", {"gpu": "0", "link": "0", "error": "crc_flit"}) == 40
+    assert value("netmon_nvlink_throughput_bytes_total", {"gpu": "0", "direction": "rx"}) == 7168
+    assert value("netmon_link_health_under_load") == 1
+
+
+def test_read_link_health_unsupported_everywhere() -> None:
+    class Blind(FakeNvml):
+        def __getattr__(self, name: str) -> Any:
+            call = super().__getattr__(name)
+            answered = (
+                "nvmlInit",
+                "nvmlShutdown",
+                "nvmlDeviceGetCount",
+                "nvmlDeviceGetHandleByIndex",
+            )
+            if name in answered or not name.startswith("nvml"):
+                return call
+
+            def refuse(*args: Any) -> Any:
+                inspect.signature(getattr(pynvml, name)).bind(*args)
+                raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+            return refuse
+
+    blind = Blind()
+    health = read_link_health(under_load=True, nvml=blind)
+    assert health.pcie == tuple(PcieReading(gpu, None, None, None, None, None) for gpu in (0, 1))
+    assert health.nvlinks == ()
+    assert health.throughput == ()
+    registry = registry_of(health)
+    assert registry.get_sample_value("netmon_pcie_link_width", {"gpu": "0"}) is None
+    assert registry.get_sample_value("netmon_link_health_under_load") == 1
+    assert blind.shutdowns == 1
+
+
+def test_read_link_health_shuts_down_after_a_failure() -> None:
+    class Broken(FakeNvml):
+        def _nvmlDeviceGetCount(self) -> int:
+            raise nvml_error(pynvml.NVML_ERROR_UNKNOWN)
+
+    broken = Broken()
+    with pytest.raises(pynvml.NVMLError):
+        read_link_health(under_load=False, nvml=broken)
+    assert broken.shutdowns == 1
+
+
+def test_read_link_health_without_a_driver_fails_cleanly() -> None:
+    fake = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    with pytest.raises(NvmlUnavailable, match="NVML unavailable: Driver Not Loaded"):
+        read_link_health(under_load=False, nvml=fake)
+    assert fake.shutdowns == 0
+
+
+def test_read_link_health_on_this_machine() -> None:
+    # The real pynvml: without the NVIDIA driver (this machine) it fails with a clear message.
+    try:
+        health = read_link_health(under_load=False)
+    except NvmlUnavailable as exc:
+        assert str(exc).startswith("NVML unavailable: ")
+        assert isinstance(exc, IdleSourceError)
+        return
+    assert all(isinstance(r, PcieReading) for r in health.pcie)  # a GPU machine
+
+
+def test_stand_in_field_values_are_real_structs() -> None:
+    # The fake's field values are pynvml's own ctypes structs, so field_number reads them as it
+    # would read the driver's.
+    values = FakeNvml().nvmlDeviceGetFieldValues(
+        0, [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF)]
+    )
+    assert field_number(values[0]) == 5
