@@ -21,6 +21,7 @@ from pydantic import ValidationError
 import netmon
 from netmon import bandwidth, report
 from netmon.errors import UsageError, describe_validation_error
+from netmon.paths import check_names, variant_env
 from netmon.probe.launcher import run_probe
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 
@@ -101,6 +102,19 @@ def _add_probe_parser(commands: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="extra environment for the ranks (NCCL_ALGO=Ring); repeatable",
+    )
+    probe.add_argument(
+        "--paths",
+        default="default",
+        help="path variants, each in fresh ranks: default, pcie (NCCL_P2P_DISABLE=1, the "
+        "host-memory path), ring, tree, nvls; a list compares them (default,pcie)",
+    )
+    probe.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw busbw against size for every op, path and chunking (needs matplotlib: "
+        "pip install 'netmon[plot]')",
     )
     probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
     probe.add_argument(
@@ -384,13 +398,20 @@ def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
         wrapper=tuple(shlex.split(args.wrapper)) if args.wrapper else (),
     )
     specs = []
+    try:
+        path_list = check_names([p.strip() for p in args.paths.split(",") if p.strip()])
+    except ValueError as exc:
+        raise UsageError(f"--paths: {exc}") from None
     for op in ops:
         for chunks in chunk_list:
-            try:
-                spec = ProbeSpec(op=op, chunks=chunks, **common)
-            except ValidationError as exc:
-                raise UsageError(describe_validation_error(exc, _FLAG_OF_FIELD)) from None
-            specs.append(spec.model_copy(update={"deadlines": spec.deadlines.capped(timeout)}))
+            for path in path_list or ("default",):
+                env = {**variant_env(path), **common["env"]}
+                try:
+                    spec = ProbeSpec(op=op, chunks=chunks, path=path, **{**common, "env": env})
+                except ValidationError as exc:
+                    raise UsageError(describe_validation_error(exc, _FLAG_OF_FIELD)) from None
+                deadlines = spec.deadlines.capped(timeout)
+                specs.append(spec.model_copy(update={"deadlines": deadlines}))
     return specs
 
 
@@ -441,6 +462,10 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     total = sum(len(spec.sizes) for spec in specs)
     on_event = _progress(args.quiet or total < 2, total)
     outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
+    if args.plot is not None:
+        from netmon import plot
+
+        plot.busbw_against_size(outcomes, args.plot)
     if args.textfile is not None:
         from netmon import textfile
 

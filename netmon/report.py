@@ -64,7 +64,8 @@ def table(outcome: ProbeOutcome) -> str:
     env = outcome.environment
     timing = f"batched x{spec.batch}" if spec.timing == "batched" else "per_op"
     lines = [
-        f"# netmon probe: {spec.op}, backend {spec.backend}, {spec.ranks} ranks, {spec.dtype}, "
+        f"# netmon probe: {spec.op}, path {spec.path}, backend {spec.backend}, {spec.ranks} ranks, "
+        f"{spec.dtype}, "
         f"timing {timing}, warmup {spec.warmup}, {spec.iters} samples per size",
     ]
     if env is not None:

@@ -177,6 +177,7 @@ class ProbeRunner:
                 update={
                     "env": tuple(sorted({**variant_env(path), **spec.env_dict()}.items())),
                     "intent": intent(path, all_nvlink),
+                    "path": path,
                 }
             )
             self.results.started(probe.name)

@@ -164,3 +164,37 @@ def test_textfile_is_prometheus_text_written_atomically(tmp_path: Path) -> None:
         str(tmp_path / "missing" / "x.prom"),
     )
     assert unwritable.returncode == 2 and "--textfile" in unwritable.stderr
+
+
+def test_path_variants_in_one_call_and_a_plot(tmp_path: Path) -> None:
+    picture = tmp_path / "busbw.png"
+    done = run(
+        "probe",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "1K,64K",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "--paths",
+        "default,pcie",
+        "--json",
+        "-q",
+        "--plot",
+        str(picture),
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert sorted({(r["path"], r["size_bytes"]) for r in doc["results"]}) == [
+        ("default", 1024),
+        ("default", 65536),
+        ("pcie", 1024),
+        ("pcie", 65536),
+    ]
+    pcie = next(p for p in doc["probes"] if p["spec"]["path"] == "pcie")
+    assert dict(pcie["spec"]["env"])["NCCL_P2P_DISABLE"] == "1"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = run("probe", "--backend", "gloo", "--paths", "default,warp", timeout=30)
+    assert bad.returncode == 2 and "--paths" in bad.stderr

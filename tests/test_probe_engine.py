@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +196,15 @@ def test_the_launching_process_never_imports_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_nccl_transport_logs_are_parsed_and_judged(tmp_path: Path) -> None:
+    # No GPU here: feed the launcher's log reader a real NCCL_DEBUG=INFO excerpt (8 GPUs, SHM
+    # only) as if a rank had written it, with an NVLink intent that it contradicts.
+    fixture = Path(__file__).parent / "fixtures" / "nccl_info_8gpu_shm_direct_nccl1817_excerpt.txt"
+    (tmp_path / "nccl.rank0.host.123.log").write_text(fixture.read_text())
+    spec = ProbeSpec(backend="nccl", ranks=2, devices=("0", "1"), intent="nvlink")
+    transports, faults = Launcher(spec)._transports(tmp_path)
+    assert transports == ("shm",)
+    assert "shm_where_nvlink_expected" in faults
+    assert Launcher(ProbeSpec())._transports(tmp_path) == (("gloo",), ())

@@ -350,6 +350,7 @@ class Launcher:
             busbw_bytes_per_second=bandwidth.busbw(spec.op, spec.ranks, size_bytes, stats.median),
             bus_factor=bandwidth.bus_factor(spec.op, spec.ranks),
             check_ok=event.get("check_ok"),
+            path=spec.path,
         )
         self._results.append(result)
         if result.check_ok is False:

@@ -73,6 +73,8 @@ class ProbeSpec(_Frozen):
     # A per-rank command prefix; {rank}, {gpu} and {numa} are substituted (numactl, ip netns exec).
     wrapper: tuple[str, ...] = ()
     host: str = "127.0.0.1"
+    # The path variant this spec runs (netmon.paths): a label for results, env set by the caller.
+    path: str = "default"
     # What the NCCL transport log must show (nvlink, pcie or any); only judged with nccl.
     intent: Literal["nvlink", "pcie", "any"] = "any"
 
@@ -145,6 +147,7 @@ class SizeResult(_Frozen):
     busbw_bytes_per_second: float
     bus_factor: float
     check_ok: bool | None = None
+    path: str = "default"
 
 
 class ProbeEnvironment(_Frozen):

@@ -1,0 +1,356 @@
+"""TLS and basic authentication for /metrics, from a web-config file in the format of the Prometheus
+exporter-toolkit (`--web-config`); settings netmon does not implement are refused, never ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+import secrets
+import ssl
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import bcrypt
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from netmon.config import load_document
+from netmon.errors import UsageError, field_path
+
+ClientAuth = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
+TLSVersion = Literal["TLS12", "TLS13"]
+
+_VERIFY_MODES = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+
+# exporter-toolkit settings that netmon does not implement, and what to do instead.
+_UNSUPPORTED = {
+    "cert": "inline certificates are not supported; use cert_file",
+    "key": "inline keys are not supported; use key_file",
+    "client_ca": "inline CA certificates are not supported; use client_ca_file",
+    "client_allowed_sans": "not supported; issue client certificates from a dedicated CA",
+    "cipher_suites": "not supported; OpenSSL's defaults apply (min_version TLS13 narrows them)",
+    "prefer_server_cipher_suites": "not supported; OpenSSL's defaults apply",
+    "curve_preferences": "not supported; OpenSSL's defaults apply",
+    "rate_limit": "not supported; netmon caps concurrent connections instead",
+}
+_WEAK_CLIENT_AUTH = {
+    "RequestClientCert": "does not verify the certificate",
+    "RequireAnyClientCert": "does not verify the certificate",
+}
+
+# The headers exporter-toolkit lets a web-config set, with their allowed values where it fixes them.
+_HEADERS: dict[str, tuple[str, ...]] = {
+    "Strict-Transport-Security": (),
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": (),
+    "Content-Security-Policy": (),
+}
+
+# $2a$, $2b$ and $2y$ (htpasswd) hashes; the cost is two digits, 04 to 31.
+_BCRYPT = re.compile(r"\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}")
+
+
+def _bcrypt_hash(value: str) -> str:
+    match = _BCRYPT.fullmatch(value)
+    if match is None or not 4 <= int(match.group(1)) <= 31:
+        raise ValueError(
+            "not a bcrypt hash like $2b$10$ and 53 characters (docs/SECURITY.md shows how to "
+            "make one)"
+        )
+    return value
+
+
+def _user_name(value: str) -> str:
+    if not value or ":" in value:
+        raise ValueError("a user name must be non-empty and without ':' (RFC 7617)")
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TLSServerConfig(_Section):
+    cert_file: Path
+    key_file: Path
+    client_auth_type: ClientAuth = "NoClientCert"
+    client_ca_file: Path | None = None
+    min_version: TLSVersion = "TLS12"
+    max_version: TLSVersion = "TLS13"
+    cert: object = None
+    key: object = None
+    client_ca: object = None
+    client_allowed_sans: object = None
+    cipher_suites: object = None
+    prefer_server_cipher_suites: object = None
+    curve_preferences: object = None
+
+    @field_validator(
+        "cert",
+        "key",
+        "client_ca",
+        "client_allowed_sans",
+        "cipher_suites",
+        "prefer_server_cipher_suites",
+        "curve_preferences",
+        mode="before",
+    )
+    @classmethod
+    def _unsupported(cls, value: object, info: ValidationInfo) -> object:
+        raise ValueError(_UNSUPPORTED[str(info.field_name)])
+
+    @field_validator("client_auth_type", mode="before")
+    @classmethod
+    def _client_auth(cls, value: object) -> object:
+        if isinstance(value, str) and value in _WEAK_CLIENT_AUTH:
+            raise ValueError(
+                f"{value} {_WEAK_CLIENT_AUTH[value]}, so netmon does not offer it; "
+                "use RequireAndVerifyClientCert"
+            )
+        return value
+
+    @field_validator("min_version", "max_version", mode="before")
+    @classmethod
+    def _version(cls, value: object) -> object:
+        if value in ("TLS10", "TLS11"):
+            raise ValueError("TLS 1.0 and 1.1 are not supported (RFC 8996); use TLS12 or TLS13")
+        return value
+
+
+class HTTPServerConfig(_Section):
+    headers: dict[str, str] | None = None
+    http2: bool = False
+
+    @field_validator("http2")
+    @classmethod
+    def _http1_only(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("netmon serves HTTP/1.1 only; remove the setting or set it to false")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _known_headers(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for name, text in (value or {}).items():
+            if name not in _HEADERS:
+                raise ValueError(f"header {name!r} cannot be set; allowed: {', '.join(_HEADERS)}")
+            if "\r" in text or "\n" in text:
+                raise ValueError(f"header {name}: the value must be one line")
+            allowed = _HEADERS[name]
+            if text and allowed and text not in allowed:
+                raise ValueError(f"header {name}: use one of {', '.join(allowed)} (got {text!r})")
+        return value
+
+
+class WebConfig(_Section):
+    """The web-config file: TLS, basic authentication and extra response headers."""
+
+    tls_server_config: TLSServerConfig | None = None
+    http_server_config: HTTPServerConfig | None = None
+    basic_auth_users: (
+        dict[
+            Annotated[str, AfterValidator(_user_name)], Annotated[str, AfterValidator(_bcrypt_hash)]
+        ]
+        | None
+    ) = None
+    rate_limit: object = None
+
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _unsupported(cls, value: object, info: ValidationInfo) -> object:
+        raise ValueError(_UNSUPPORTED[str(info.field_name)])
+
+
+class BasicAuth:
+    """Checks `Authorization: Basic` headers against bcrypt hashes.
+
+    Every user is compared (digests, constant time), and an unknown user still costs one bcrypt
+    check, so timing does not tell which user names exist. bcrypt runs one at a time: a flood of
+    guesses burns one core of the node, not all of them. Successful checks are cached (bounded), so
+    a scrape every second costs a dictionary lookup rather than a bcrypt check.
+    """
+
+    CACHE_SIZE = 64
+
+    def __init__(self, users: Mapping[str, str]) -> None:
+        if not users:
+            raise ValueError("no users")
+        self._users = [
+            (hashlib.sha256(name.encode()).digest(), hashed.encode())
+            for name, hashed in users.items()
+        ]
+        # An unknown user is checked against the costliest real hash, so it takes as long.
+        self._decoy = max((hashed for _, hashed in self._users), key=lambda h: int(h[4:6]))
+        self._key = secrets.token_bytes(32)  # cache keys are keyed digests, never passwords
+        self._cache: dict[bytes, None] = {}
+        self._cache_lock = threading.Lock()
+        self._bcrypt_lock = threading.Lock()
+
+    def check(self, header: str | None) -> bool:
+        credentials = _credentials(header)
+        if credentials is None:
+            return False
+        user, password = credentials
+        digest = hashlib.sha256(user).digest()
+        found = None
+        for name, hashed in self._users:
+            if hmac.compare_digest(name, digest):
+                found = hashed
+        hashed = found if found is not None else self._decoy
+        key = hmac.new(self._key, b"\0".join((user, hashed, password)), "sha256").digest()
+        with self._cache_lock:
+            if found is not None and key in self._cache:
+                return True
+        with self._bcrypt_lock:
+            try:
+                ok = bcrypt.checkpw(password, hashed)
+            except ValueError:  # a password over bcrypt's 72 bytes
+                ok = False
+        if not (ok and found is not None):
+            return False
+        with self._cache_lock:
+            if len(self._cache) >= self.CACHE_SIZE:
+                del self._cache[next(iter(self._cache))]  # the oldest
+            self._cache[key] = None
+        return True
+
+
+def _credentials(header: str | None) -> tuple[bytes, bytes] | None:
+    scheme, _, encoded = (header or "").strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = decoded.partition(b":")
+    return (user, password) if sep else None
+
+
+@dataclass(frozen=True)
+class WebSecurity:
+    """What the HTTP server enforces: a TLS context, basic auth, and headers on every response."""
+
+    tls: ssl.SSLContext | None = None
+    auth: BasicAuth | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def parse(document: Mapping[str, Any]) -> WebConfig:
+    try:
+        return WebConfig.model_validate(document)
+    except ValidationError as exc:
+        raise UsageError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """The first error, preferring a setting that is wrong over one that is missing."""
+    errors = exc.errors(include_url=False)
+    first = next((e for e in errors if e["type"] != "missing"), errors[0])
+    location = tuple(
+        part for part in first["loc"] if part != "[key]" and not str(part).startswith("function-")
+    )
+    path = field_path(location)
+    if first["type"] == "extra_forbidden":
+        message = "unknown setting"
+    else:
+        message = str(first["msg"]).removeprefix("Value error, ")
+    # Show the value only where it cannot be a secret (never keys or password hashes).
+    got = first.get("input")
+    secret = location[:1] == ("basic_auth_users",) or "key" in location
+    simple = isinstance(got, (str, int, float, bool)) and not secret
+    shown = f" (got {got!r})" if simple and first["type"] != "extra_forbidden" else ""
+    return f"{path}: {message}{shown}".replace("\n", " ")
+
+
+def build(config: WebConfig, base: Path) -> WebSecurity:
+    """The runtime objects; relative paths are taken from `base`, the web-config file's folder."""
+    tls = _tls_context(config.tls_server_config, base) if config.tls_server_config else None
+    users = config.basic_auth_users or {}
+    auth = BasicAuth(users) if users else None
+    extra = config.http_server_config.headers if config.http_server_config else None
+    headers = tuple((name, value) for name, value in (extra or {}).items() if value)
+    return WebSecurity(tls=tls, auth=auth, headers=headers)
+
+
+def load(path: Path) -> WebSecurity:
+    """Reads, validates and builds a web-config file; UsageError names the field."""
+    try:
+        config = parse(load_document(path))
+        return build(config, path.parent)
+    except UsageError as exc:
+        text = str(exc)
+        prefix = "" if text.startswith(str(path)) else f"{path}: "
+        raise UsageError(f"--web-config {prefix}{text}") from None
+
+
+def _no_password() -> bytes:
+    # Without this, OpenSSL would prompt on the terminal for an encrypted key's passphrase.
+    return b""
+
+
+def _tls_context(tls: TLSServerConfig, base: Path) -> ssl.SSLContext:
+    def readable(field: str, name: Path) -> Path:
+        path = base / name
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            raise UsageError(f"tls_server_config.{field}: {path}: {exc.strerror}") from None
+        return path
+
+    cert, key = readable("cert_file", tls.cert_file), readable("key_file", tls.key_file)
+    if _TLS_VERSIONS[tls.min_version] > _TLS_VERSIONS[tls.max_version]:
+        raise UsageError(f"tls_server_config.min_version: {tls.min_version} is above max_version")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _TLS_VERSIONS[tls.min_version]
+    context.maximum_version = _TLS_VERSIONS[tls.max_version]
+    try:
+        context.load_cert_chain(cert, key, password=_no_password)
+    except ssl.SSLError as exc:
+        field = "key_file" if exc.reason in ("KEY_VALUES_MISMATCH", "BAD_DECRYPT") else "cert_file"
+        hint = {
+            "KEY_VALUES_MISMATCH": "the key does not match cert_file",
+            "BAD_DECRYPT": "encrypted keys are not supported",
+        }.get(str(exc.reason), "not a PEM certificate and private key pair")
+        raise UsageError(f"tls_server_config.{field}: {hint} ({exc.reason})") from None
+    verify = _VERIFY_MODES[tls.client_auth_type]
+    if verify == ssl.CERT_NONE:
+        if tls.client_ca_file is not None:
+            raise UsageError(
+                "tls_server_config.client_ca_file: set, but client_auth_type is NoClientCert; "
+                "use RequireAndVerifyClientCert"
+            )
+        return context
+    if tls.client_ca_file is None:
+        raise UsageError(
+            f"tls_server_config.client_ca_file: required with client_auth_type "
+            f"{tls.client_auth_type}"
+        )
+    try:
+        context.load_verify_locations(cafile=readable("client_ca_file", tls.client_ca_file))
+    except ssl.SSLError as exc:
+        raise UsageError(
+            f"tls_server_config.client_ca_file: not PEM CA certificates ({exc.reason})"
+        ) from None
+    context.verify_mode = verify
+    return context
