@@ -197,6 +197,13 @@ def _add_daemon_parsers(commands: Any) -> None:
         metavar="FILE",
         help="take GPU idle readings from a recording instead of NVML (testing)",
     )
+    serve.add_argument(
+        "--web-config",
+        type=Path,
+        metavar="FILE",
+        help="TLS and basic auth for /metrics, in the Prometheus exporter-toolkit format "
+        "(docs/SECURITY.md)",
+    )
     serve.set_defaults(handler=_cmd_serve)
     check = commands.add_parser(
         "check-config",
@@ -255,7 +262,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             source = ReplaySource.from_json(args.idle_replay)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--idle-replay: {args.idle_replay}: {exc}") from None
-    return int(Daemon(config, idle_source=source).serve_forever())
+    web = None
+    if args.web_config is not None:
+        from netmon import webconfig
+
+        web = webconfig.load(args.web_config)
+        if web.auth is not None and web.tls is None:
+            logging.getLogger("netmon").warning(
+                "--web-config: basic_auth_users without tls_server_config: passwords cross the "
+                "network in clear text"
+            )
+    return int(Daemon(config, idle_source=source, web=web).serve_forever())
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:

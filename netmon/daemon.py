@@ -27,6 +27,7 @@ from netmon.logs import event
 from netmon.results import Results
 from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner
 from netmon.topology import Topology, parse_topo_matrix
+from netmon.webconfig import WebSecurity
 
 log = logging.getLogger("netmon.daemon")
 
@@ -89,7 +90,12 @@ class _FailingSource:
 
 
 class Daemon:
-    def __init__(self, config: NetmonConfig, idle_source: idle.IdleSource | None = None) -> None:
+    def __init__(
+        self,
+        config: NetmonConfig,
+        idle_source: idle.IdleSource | None = None,
+        web: WebSecurity | None = None,
+    ) -> None:
         self.config = config
         self.stopping = threading.Event()
         state_path = _state_path(config)
@@ -118,7 +124,10 @@ class Daemon:
         self.scheduler = self._scheduler()
         try:
             self.server = MetricsServer(
-                config.listen_host, config.listen_port, make_registry(self.results.snapshot)
+                config.listen_host,
+                config.listen_port,
+                make_registry(self.results.snapshot),
+                security=web,
             )
         except OSError as exc:
             raise UsageError(f"listen: cannot listen on {config.listen}: {exc.strerror}") from None
@@ -163,7 +172,7 @@ class Daemon:
         event(
             log,
             "netmon serving",
-            listen=f"http://{_url_host(str(host))}:{port}/metrics",
+            listen=f"{self.server.scheme}://{_url_host(str(host))}:{port}/metrics",
             backend=config.backend,
             ranks=config.ranks,
             devices=",".join(config.devices or ()),

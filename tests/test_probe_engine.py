@@ -208,3 +208,35 @@ def test_nccl_transport_logs_are_parsed_and_judged(tmp_path: Path) -> None:
     assert transports == ("shm",)
     assert "shm_where_nvlink_expected" in faults
     assert Launcher(ProbeSpec())._transports(tmp_path) == (("gloo",), ())
+
+
+def test_one_world_split_over_two_launchers_like_two_nodes() -> None:
+    # Global ranks 0-1 on "node A", 2-3 on "node B": B learns the port A's rank 0 bound.
+    spec = ProbeSpec(
+        sizes=(64 << 10,), ranks=4, iters=3, warmup=1, reporters=(0, 2), check=True, timeout=120
+    )
+    port: list[int] = []
+    node_a = Launcher(
+        spec,
+        local_ranks=(0, 1),
+        on_event=lambda kind, ev: port.append(ev["port"]) if kind == "store" else None,
+    )
+    node_b = Launcher(spec, local_ranks=(2, 3), port_source=lambda: port[0] if port else None)
+    outcomes: dict[str, ProbeOutcome] = {}
+    threads = [
+        threading.Thread(target=lambda n=name, node=launcher: outcomes.update({n: node.run()}))
+        for name, launcher in (("a", node_a), ("b", node_b))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(150)
+    assert outcomes["a"].ok and outcomes["b"].ok, (outcomes["a"].failure, outcomes["b"].failure)
+    # Both nodes hold the same reduced samples: each has its own, identical view of the round.
+    assert outcomes["a"].results == outcomes["b"].results
+    result = outcomes["a"].results[0]
+    assert result.check_ok and result.bus_factor == pytest.approx(1.5)
+    assert len(node_a.pids) == 2 and len(node_b.pids) == 2
+    assert live_processes([*node_a.pids, *node_b.pids]) == []
+    with pytest.raises(ValueError, match="port_source"):
+        Launcher(spec, local_ranks=(2, 3))

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,13 +123,25 @@ class Launcher:
         on_event: EventHook | None = None,
         numa_of: Mapping[int, int] | None = None,
         extra_env: Mapping[str, str] | None = None,
+        local_ranks: Sequence[int] | None = None,
+        port_source: Callable[[], int | None] | None = None,
     ) -> None:
+        """`local_ranks` (global rank numbers) are the ranks this launcher starts, all by default;
+        another node starts the rest. When rank 0 is not local, `port_source` is polled for the
+        rendezvous port that rank 0's node published."""
         self.spec = spec
         self.python = python
         self.abort = abort
         self.on_event = on_event
         self.numa_of = dict(numa_of or {})
         self.extra_env = dict(extra_env or {})
+        self.local_ranks = tuple(range(spec.ranks)) if local_ranks is None else tuple(local_ranks)
+        if not self.local_ranks or not set(self.local_ranks) <= set(range(spec.ranks)):
+            raise ValueError(f"local ranks {self.local_ranks} outside 0..{spec.ranks - 1}")
+        if 0 not in self.local_ranks and port_source is None:
+            raise ValueError("rank 0 runs elsewhere: a port_source is needed")
+        self.port_source = port_source
+        self._port_sent = 0 in self.local_ranks
         self._ranks: list[_Rank] = []
         self._results: list[SizeResult] = []
         self._env_report: dict[str, Any] = {}
@@ -209,7 +221,7 @@ class Launcher:
 
     def _spawn_all(self, workdir: Path) -> ProbeFailure | None:
         spec_json = self.spec.model_dump(mode="json")
-        for rank in range(self.spec.ranks):
+        for rank in self.local_ranks:
             stderr_path = workdir / f"rank{rank}.stderr"
             try:
                 command = self._command(rank)
@@ -263,11 +275,23 @@ class Launcher:
                     if now - first_trouble >= BLAME_WINDOW_S:
                         return max(self._candidates).failure
                     continue
+                self._forward_remote_port()
                 stop = self._abort_requested() or self._deadline_passed(now)
                 if stop is not None:
                     return stop
         finally:
             selector.close()
+
+    def _forward_remote_port(self) -> None:
+        """Rank 0 lives on another node: hand its published port to our ranks once it exists."""
+        if self._port_sent or self.port_source is None:
+            return
+        port = self.port_source()
+        if port is None:
+            return
+        self._port_sent = True
+        for entry in self._ranks:
+            self._write(entry, {"port": port})
 
     def _read(self, entry: _Rank, selector: selectors.BaseSelector) -> None:
         assert entry.proc.stdout is not None
@@ -302,8 +326,9 @@ class Launcher:
                 entry.sizes_done += 1
             entry.size = event.get("size")
         elif kind == "store":
-            for other in self._ranks[1:]:
-                self._write(other, {"port": event["port"]})
+            for other in self._ranks:
+                if other.rank != 0:
+                    self._write(other, {"port": event["port"]})
         elif kind == "env":
             self._env_report = event
         elif kind == "size":

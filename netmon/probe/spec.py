@@ -73,6 +73,9 @@ class ProbeSpec(_Frozen):
     # A per-rank command prefix; {rank}, {gpu} and {numa} are substituted (numactl, ip netns exec).
     wrapper: tuple[str, ...] = ()
     host: str = "127.0.0.1"
+    # Ranks that report results (every rank holds the same reduced samples). Across nodes, one
+    # rank per node reports, so every node has its own view of the round.
+    reporters: tuple[int, ...] = (0,)
     # The path variant this spec runs (netmon.paths): a label for results, env set by the caller.
     path: str = "default"
     # What the NCCL transport log must show (nvlink, pcie or any); only judged with nccl.

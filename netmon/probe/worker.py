@@ -72,7 +72,7 @@ class Rank:
         store = self._rendezvous(dist, stdin)
         self.enter("init")
         device = self._init(torch, dist, store)
-        if self.rank == 0:
+        if self.rank in self.spec.reporters:
             self._report_environment(torch)
         for size in self.spec.sizes:
             self._sweep_one(torch, dist, device, size)
@@ -155,7 +155,7 @@ class Rank:
         if spec.check:
             self.enter("check", size=size)
             check_ok = self._check(torch, dist, device, collective)
-        if self.rank == 0:
+        if self.rank in self.spec.reporters:
             self.channel.send(
                 "size",
                 requested=size,
