@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_rate, parse_size, size_sweep
 from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, field_path
+from netmon.group import GroupConfig
 from netmon.idle import IdlePolicy
 from netmon.paths import check_names
 from netmon.probe.spec import Backend, Timing
@@ -68,6 +69,9 @@ class ProbeConfig(_Strict):
     check: bool = False
     # collective: the op over all devices; pairs: every GPU pair as a 2-rank world, in rounds.
     kind: Literal["collective", "pairs"] = "collective"
+    # local: this node's devices; with a `group`: group (all devices of every member),
+    # group_one_gpu (one device or CPU rank per member).
+    scope: Literal["local", "group", "group_one_gpu"] = "local"
     # Path variants, each in its own rank processes and exported with its `path` label:
     # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.paths).
     paths: tuple[str, ...] = ("default",)
@@ -176,6 +180,8 @@ class NetmonConfig(_Strict):
     rendezvous_host: str = "127.0.0.1"
     # `nvidia-smi topo -m` output: the GPU topology when NVML cannot give it (CPU ranks, tests).
     topology_file: Path | None = None
+    # Node group: the daemons that probe across nodes together (docs/GROUPS.md).
+    group: GroupConfig | None = None
 
     @field_validator("rank_wrapper", mode="before")
     @classmethod
@@ -194,6 +200,15 @@ class NetmonConfig(_Strict):
     @classmethod
     def _device_list(cls, value: object) -> object:
         return ProbeConfig._device_list(value)
+
+    @model_validator(mode="after")
+    def _group_probes_need_a_group(self) -> NetmonConfig:
+        for probe in self.probes or ():
+            if probe.scope != "local" and self.group is None:
+                raise ValueError(f"probe {probe.name} has scope {probe.scope}: configure `group`")
+            if probe.scope != "local" and probe.kind == "pairs":
+                raise ValueError(f"probe {probe.name}: pairs probes are local (scope: local)")
+        return self
 
     @model_validator(mode="after")
     def _unique_probe_names(self) -> NetmonConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,8 +22,11 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from netmon import baseline, idle
 from netmon.config import NetmonConfig
+from netmon.coordinator import Coordinator
 from netmon.errors import UsageError
 from netmon.exporter import MetricsServer, make_registry
+from netmon.group import identify_self, member_port
+from netmon.grouplink import GroupError, GroupLink
 from netmon.logs import event
 from netmon.results import Results
 from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner
@@ -122,6 +126,8 @@ class Daemon:
 
             self.runner.link_health_reader = read_link_health
         self.scheduler = self._scheduler()
+        self.link: GroupLink | None = None
+        self.coordinator: Coordinator | None = None
         try:
             self.server = MetricsServer(
                 config.listen_host,
@@ -143,6 +149,8 @@ class Daemon:
         # (max_instances=1); count it, as every skip is counted.
         scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
         now = time.time()
+        # Group probes are scheduled by the group's leader (netmon.coordinator), not here.
+        probes = tuple(p for p in probes if p.scope == "local")
         for number, probe in enumerate(probes):
             scheduler.add_job(
                 self.runner.run,
@@ -160,8 +168,34 @@ class Daemon:
     def _overrun(self, submission: JobSubmissionEvent) -> None:
         self.results.skip(str(submission.job_id), "still_running")
 
+    def _start_group(self) -> None:
+        group = self.config.group
+        if group is None:
+            return
+        try:
+            me = identify_self(group)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self.link = GroupLink(member_port(me), python=self.config.rank_python or sys.executable)
+        try:
+            self.link.start()
+        except GroupError as exc:
+            raise UsageError(f"group.self: {exc}") from None
+        self.coordinator = Coordinator(
+            self.config,
+            group,
+            me,
+            self.link,
+            self.runner,
+            self.results,
+            self.runner.locks,
+            self.stopping,
+        )
+        self.coordinator.start()
+
     def start(self) -> None:
         self.server.serve_in_thread()
+        self._start_group()
         self.scheduler.start()
         config = self.config
         host, port = self.server.server_address[:2]
@@ -191,6 +225,10 @@ class Daemon:
             waiter = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
             waiter.start()
             waiter.join(max(0.0, deadline - time.monotonic()))
+        if self.coordinator is not None:
+            self.coordinator.join(max(0.0, deadline - time.monotonic()))
+        if self.link is not None:
+            self.link.stop()
         self.server.shutdown()
         self.server.server_close()
         log.info("netmon stopped")

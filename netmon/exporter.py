@@ -50,6 +50,7 @@ FAILURE_REASONS = (
     "preempted",
     "shutdown",
     "internal",
+    "member_absent",
 )
 SKIP_REASONS = (
     "paused",
@@ -64,6 +65,7 @@ SKIP_REASONS = (
     "nvml_error",
     "shutting_down",
     "still_running",
+    "member_absent",
 )
 
 
@@ -147,6 +149,7 @@ class Snapshot:
     transports: tuple[tuple[str, str, str], ...] = ()  # (probe, path, transport)
     transport_faults: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     link_health: Any = None  # netmon.linkhealth.LinkHealth, read during probe traffic
+    group: Any = None  # netmon.results.GroupView
 
 
 def _interval_text(snapshot: Snapshot) -> str:
@@ -173,6 +176,7 @@ class SnapshotCollector:
         yield from self._link_families(snapshot)
         yield from self._probe_families(snapshot)
         yield from _health_families(snapshot)
+        yield from _group_families(snapshot)
         paused = GaugeMetricFamily("netmon_paused", "1 while the operator pause file exists")
         paused.add_metric([], 1.0 if snapshot.paused else 0.0)
         yield paused
@@ -377,6 +381,33 @@ class SnapshotCollector:
         yield from (runs, failures, skips, busy, last_success, last_run, duration, memory, interval)
 
 
+def _group_families(snapshot: Snapshot) -> Iterator[Metric]:
+    view = snapshot.group
+    if view is None:
+        return
+    members = GaugeMetricFamily(
+        "netmon_group_members",
+        "Group members this node reaches now, itself included",
+        labels=["group"],
+    )
+    members.add_metric([view.name], float(len(view.seen)))
+    up = GaugeMetricFamily(
+        "netmon_group_member_up",
+        "1 when this node reaches the member's store agent",
+        labels=["group", "member"],
+    )
+    for member in view.members:
+        up.add_metric([view.name, member], 1.0 if member in view.seen else 0.0)
+    leader = GaugeMetricFamily(
+        "netmon_group_leader",
+        "1 for the member this node follows as leader (the lowest-named reachable member)",
+        labels=["group", "leader"],
+    )
+    if view.leader is not None:
+        leader.add_metric([view.name, view.leader], 1.0)
+    yield from (members, up, leader)
+
+
 def _health_families(snapshot: Snapshot) -> list[Metric]:
     if snapshot.link_health is None:
         return []
@@ -446,7 +477,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     protocol_version = "HTTP/1.1"
     server_version = "netmon"
-    sys_version = ""  # no Python version in the Server header
+
+    def version_string(self) -> str:
+        return self.server_version  # no Python version in the Server header
 
     def setup(self) -> None:
         super().setup()

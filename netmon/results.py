@@ -26,6 +26,17 @@ from netmon.probe.spec import ProbeOutcome
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class GroupView:
+    """What this member knows of its node group right now."""
+
+    name: str
+    members: tuple[str, ...]
+    seen: tuple[str, ...]
+    leader: str | None
+    me: str
+
+
 @dataclass
 class _Tally:
     runs: int = 0
@@ -59,6 +70,7 @@ class Results:
         self._transport_faults: dict[tuple[str, str, str], int] = {}
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: Any = None
+        self._group: GroupView | None = None
         self.state_write_errors = 0
         self._snapshot = self._build_snapshot()
 
@@ -92,6 +104,13 @@ class Results:
             self._topology = tuple(pairs)
             self._snapshot = self._build_snapshot()
 
+    def set_group(self, view: GroupView) -> None:
+        with self._lock:
+            if view == self._group:
+                return
+            self._group = view
+            self._snapshot = self._build_snapshot()
+
     def set_link_health(self, health: Any) -> None:
         with self._lock:
             self._link_health = health
@@ -118,8 +137,13 @@ class Results:
             self._transport_faults[key] = self._transport_faults.get(key, 0) + 1
 
     def finished(
-        self, probe: ProbeConfig, outcome: ProbeOutcome, path: str = "default"
+        self,
+        probe: ProbeConfig,
+        outcome: ProbeOutcome,
+        path: str = "default",
+        export: bool = True,
     ) -> list[baseline.Verdict]:
+        """Account a launched probe; `export` False for a group round another member exports."""
         verdicts = []
         with self._lock:
             now = time.time()
@@ -128,7 +152,8 @@ class Results:
             self._note_transports(probe.name, path, outcome)
             if outcome.failure is None:
                 self._tallies[probe.name].last_success = now
-                verdicts = self._learn(probe, outcome, now, path)
+                if export:
+                    verdicts = self._learn(probe, outcome, now, path)
             self._snapshot = self._build_snapshot()
         self._save_state()
         return verdicts
@@ -237,6 +262,7 @@ class Results:
             ),
             transport_faults=dict(self._transport_faults),
             link_health=self._link_health,
+            group=self._group,
         )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import bcrypt
+import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -27,7 +28,6 @@ from pydantic import (
     field_validator,
 )
 
-from netmon.config import load_document
 from netmon.errors import UsageError, field_path
 
 ClientAuth = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
@@ -295,12 +295,46 @@ def build(config: WebConfig, base: Path) -> WebSecurity:
 def load(path: Path) -> WebSecurity:
     """Reads, validates and builds a web-config file; UsageError names the field."""
     try:
-        config = parse(load_document(path))
-        return build(config, path.parent)
+        return build(parse(_read(path)), path.parent)
     except UsageError as exc:
-        text = str(exc)
-        prefix = "" if text.startswith(str(path)) else f"{path}: "
-        raise UsageError(f"--web-config {prefix}{text}") from None
+        raise UsageError(f"--web-config {path}: {exc}") from None
+
+
+def _read(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"not UTF-8 text (byte {exc.start})") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"{where}not valid YAML: {problem}") from None
+    except Exception as exc:  # PyYAML's constructors (!!int x), RecursionError
+        raise UsageError(f"not valid YAML: {type(exc).__name__}") from None
+    if document is None:
+        return {}  # an empty file: plain HTTP, no auth, as with exporter-toolkit
+    if not isinstance(document, dict):
+        raise UsageError("the top level must be a mapping, like tls_server_config: ...")
+    return document
+
+
+def _pem_problem(cert: Path, key: Path, exc: ssl.SSLError) -> str:
+    """Which file is wrong: OpenSSL says only "PEM lib" for most mistakes."""
+    if b"-----BEGIN CERTIFICATE-----" not in cert.read_bytes():
+        return f"tls_server_config.cert_file: {cert}: no PEM certificate in it"
+    text = key.read_bytes()
+    if b"ENCRYPTED" in text:
+        return f"tls_server_config.key_file: {key}: encrypted private keys are not supported"
+    if b"PRIVATE KEY-----" not in text:
+        return f"tls_server_config.key_file: {key}: no PEM private key in it"
+    if exc.reason == "KEY_VALUES_MISMATCH":
+        return f"tls_server_config.key_file: {key}: does not match the certificate in cert_file"
+    return f"tls_server_config.cert_file: cannot load it with key_file ({exc.reason or exc})"
 
 
 def _no_password() -> bytes:
@@ -327,12 +361,7 @@ def _tls_context(tls: TLSServerConfig, base: Path) -> ssl.SSLContext:
     try:
         context.load_cert_chain(cert, key, password=_no_password)
     except ssl.SSLError as exc:
-        field = "key_file" if exc.reason in ("KEY_VALUES_MISMATCH", "BAD_DECRYPT") else "cert_file"
-        hint = {
-            "KEY_VALUES_MISMATCH": "the key does not match cert_file",
-            "BAD_DECRYPT": "encrypted keys are not supported",
-        }.get(str(exc.reason), "not a PEM certificate and private key pair")
-        raise UsageError(f"tls_server_config.{field}: {hint} ({exc.reason})") from None
+        raise UsageError(_pem_problem(cert, key, exc)) from None
     verify = _VERIFY_MODES[tls.client_auth_type]
     if verify == ssl.CERT_NONE:
         if tls.client_ca_file is not None:

@@ -44,7 +44,7 @@ from netmon.probe.spec import (
     ProbeOutcome,
     SizeResult,
 )
-from netmon.results import Results
+from netmon.results import GroupView, Results
 from netmon.runner import spec_for
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
@@ -321,6 +321,7 @@ def test_the_documented_contract_matches_what_is_exported() -> None:
         transports=(("large", "default", "p2p"),),
         transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
         link_health=health,
+        group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
     )
     exported = {
         sample.name for family in make_registry(lambda: full).collect() for sample in family.samples

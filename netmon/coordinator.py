@@ -1,0 +1,352 @@
+"""Node-group rounds: the leader plans them in its store, every member runs its own ranks.
+
+Each round has its own epoch and key prefix (netmon/<epoch>/...) in the leader's store:
+`plan` (which probe), `ready/<member>` (what each member can give now), `go` (the world, or why
+the round is skipped) and `port` (where rank 0's rendezvous store listens). A member that does not
+answer makes the round fail fast with skip reason `member_absent`; a crashed round leaves only
+its own keys behind. Leadership goes to the lowest-named reachable member, checked every
+heartbeat, so a departed leader is replaced within a heartbeat and a ping timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from netmon import idle
+from netmon.config import NetmonConfig, ProbeConfig
+from netmon.group import GroupConfig, World, lay_out, leader_of
+from netmon.grouplink import GroupError, GroupLink
+from netmon.logs import event
+from netmon.probe.launcher import Launcher
+from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.results import GroupView, Results
+from netmon.runner import DeviceLocks, ProbeRunner, device_keys, spec_for
+
+log = logging.getLogger(__name__)
+
+PING_TIMEOUT_S = 0.5
+EPOCH_KEY = "netmon/epoch"
+
+
+class Coordinator:
+    def __init__(
+        self,
+        config: NetmonConfig,
+        group: GroupConfig,
+        me: str,
+        link: GroupLink,
+        runner: ProbeRunner,
+        results: Results,
+        locks: DeviceLocks,
+        stopping: threading.Event,
+    ) -> None:
+        self.config = config
+        self.group = group
+        self.me = me
+        self.link = link
+        self.runner = runner
+        self.results = results
+        self.locks = locks
+        self.stopping = stopping
+        self.probes = {p.name: p for p in config.probes or () if p.scope != "local"}
+        self.seen: set[str] = {me}
+        self.leader: str | None = me
+        self._next_due = {name: time.monotonic() + 2.0 for name in self.probes}
+        self._last_epoch: dict[str, int] = {}
+        # Membership is checked on its own thread, so a round in progress never delays noticing
+        # that a member left (and a round with an absent member is stopped).
+        self._threads = [
+            threading.Thread(
+                target=self._every, args=(self._refresh_members,), name="group-members", daemon=True
+            ),
+            threading.Thread(
+                target=self._every, args=(self._rounds,), name="group-rounds", daemon=True
+            ),
+        ]
+
+    def start(self) -> None:
+        self._refresh_members()
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    # ---- the loops ----
+
+    def _every(self, step: Callable[[], None]) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                step()
+            except Exception:  # a bug here must not end group work for good
+                log.exception("group %s: internal error", self.group.name)
+            self.stopping.wait(max(0.0, self.group.heartbeat - (time.monotonic() - started)))
+
+    def _rounds(self) -> None:
+        if self.leader == self.me:
+            for name, probe in self.probes.items():
+                if time.monotonic() >= self._next_due[name] and not self.stopping.is_set():
+                    self._next_due[name] = time.monotonic() + probe.interval
+                    self._lead(probe)
+        elif self.leader is not None:
+            self._follow(self.leader)
+
+    def _refresh_members(self) -> None:
+        others = [m for m in self.group.members if m != self.me]
+        with ThreadPoolExecutor(max_workers=max(1, len(others))) as pool:
+            answers = list(pool.map(lambda m: self.link.ping(m, PING_TIMEOUT_S), others))
+        seen = {self.me, *(m for m, up in zip(others, answers, strict=True) if up)}
+        leader = leader_of(sorted(seen))
+        if seen != self.seen or leader != self.leader:
+            gone, back = sorted(self.seen - seen), sorted(seen - self.seen)
+            event(
+                log,
+                "group membership",
+                level=logging.WARNING if gone else logging.INFO,
+                group=self.group.name,
+                leader=leader,
+                seen=",".join(sorted(seen)),
+                absent=",".join(gone),
+                returned=",".join(back),
+            )
+        self.seen, self.leader = seen, leader
+        self.results.set_group(
+            GroupView(self.group.name, self.group.members, tuple(sorted(seen)), leader, self.me)
+        )
+
+    # ---- what each member can give ----
+
+    def _local_ranks(self, probe: ProbeConfig) -> int:
+        if probe.scope == "group_one_gpu":
+            return 1
+        spec = spec_for(probe, self.config)
+        return spec.ranks
+
+    def _readiness(self, probe: ProbeConfig, got_lock: bool) -> dict[str, Any]:
+        if not got_lock:
+            return {"idle": False, "reason": "devices_busy"}
+        if self.runner.paused():
+            return {"idle": False, "reason": "paused"}
+        spec = spec_for(probe, self.config)
+        devices = spec.devices[: self._local_ranks(probe)]
+        decision = idle.check(self.runner.idle_source, devices, {os.getpid()}, self.config.idle)
+        if not decision.idle:
+            return {"idle": False, "reason": decision.reason or "gpu_unknown"}
+        return {"idle": True, "ranks": self._local_ranks(probe), "devices": list(devices)}
+
+    # ---- leading ----
+
+    def _lead(self, probe: ProbeConfig) -> None:
+        absent = [m for m in self.group.members if m not in self.seen]
+        if absent:
+            self._skip(probe, "member_absent", f"no answer from {', '.join(absent)}")
+            return
+        epoch = self.link.add(self.me, EPOCH_KEY)
+        prefix = f"netmon/{epoch}/"
+        self.link.set(self.me, prefix + "plan", json.dumps({"probe": probe.name}))
+        spec = spec_for(probe, self.config)
+        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
+            ready = {self.me: self._readiness(probe, got)}
+            deadline = time.monotonic() + self.group.ready_timeout
+            missing = []
+            for member in self.group.members:
+                if member == self.me:
+                    continue
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    ready[member] = json.loads(
+                        self.link.get(self.me, prefix + f"ready/{member}", left)
+                    )
+                except (GroupError, ValueError):
+                    missing.append(member)
+            if missing:
+                self._cancel(
+                    prefix,
+                    probe,
+                    "member_absent",
+                    f"{', '.join(missing)} did not answer round {epoch}",
+                )
+                return
+            busy = {m: r.get("reason", "gpu_unknown") for m, r in ready.items() if not r["idle"]}
+            if busy:
+                member, reason = sorted(busy.items())[0]
+                self._cancel(prefix, probe, reason, f"{member} cannot take part: {reason}")
+                return
+            world = lay_out(self.group.members, {m: int(r["ranks"]) for m, r in ready.items()})
+            devices = [str(d) for m in world.members for d in ready[m].get("devices", [])]
+            plan = json.loads(world.to_json())
+            plan["devices"] = devices
+            self.link.set(self.me, prefix + "go", json.dumps(plan))
+
+            def publish(kind: str, fields: dict[str, Any]) -> None:
+                if kind == "store":
+                    self.link.set(self.me, prefix + "port", str(fields["port"]))
+
+            outcome = self._run(probe, world, devices, on_event=publish, port_source=None)
+            # The member that hosts rank 0 (the leader) exports the round: once per group.
+            self._record(probe, outcome, export=True, epoch=epoch)
+
+    def _cancel(self, prefix: str, probe: ProbeConfig, reason: str, detail: str) -> None:
+        with contextlib.suppress(GroupError):
+            self.link.set(self.me, prefix + "go", json.dumps({"skip": reason}))
+        self._skip(probe, reason, detail)
+
+    def _skip(self, probe: ProbeConfig, reason: str, detail: str) -> None:
+        self.results.skip(probe.name, reason)
+        event(
+            log,
+            "group round skipped",
+            level=logging.WARNING,
+            group=self.group.name,
+            probe=probe.name,
+            outcome="skipped",
+            reason=reason,
+            detail=detail,
+        )
+
+    # ---- following ----
+
+    def _follow(self, leader: str) -> None:
+        try:
+            if not self.link.check(leader, EPOCH_KEY, PING_TIMEOUT_S):
+                return
+            epoch = int(self.link.get(leader, EPOCH_KEY, PING_TIMEOUT_S))
+        except (GroupError, ValueError):
+            return
+        if epoch <= self._last_epoch.get(leader, 0):
+            return
+        self._last_epoch[leader] = epoch
+        prefix = f"netmon/{epoch}/"
+        try:
+            plan = json.loads(self.link.get(leader, prefix + "plan", 1.0))
+        except (GroupError, ValueError):
+            return
+        probe = self.probes.get(str(plan.get("probe")))
+        if probe is None:
+            return
+        spec = spec_for(probe, self.config)
+        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
+            try:
+                self.link.set(
+                    leader, prefix + f"ready/{self.me}", json.dumps(self._readiness(probe, got))
+                )
+                go = json.loads(
+                    self.link.get(leader, prefix + "go", self.group.ready_timeout + 2.0)
+                )
+            except (GroupError, ValueError) as exc:
+                self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+                return
+            if "skip" in go:
+                self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
+                return
+            world = World.from_json(json.dumps(go))
+            outcome = self._run(
+                probe,
+                world,
+                [str(d) for d in go.get("devices", [])],
+                on_event=None,
+                port_source=self._port_source(leader, prefix),
+            )
+            self._record(probe, outcome, export=False, epoch=epoch)
+
+    def _port_source(self, leader: str, prefix: str) -> Callable[[], int | None]:
+        next_try = [0.0]
+
+        def port() -> int | None:
+            if time.monotonic() < next_try[0]:
+                return None
+            next_try[0] = time.monotonic() + 0.2
+            try:
+                if not self.link.check(leader, prefix + "port", PING_TIMEOUT_S):
+                    return None
+                return int(self.link.get(leader, prefix + "port", PING_TIMEOUT_S))
+            except (GroupError, ValueError):
+                return None
+
+        return port
+
+    # ---- running this member's ranks ----
+
+    def _group_spec(self, probe: ProbeConfig, world: World, devices: list[str]) -> ProbeSpec:
+        base = spec_for(probe, self.config)
+        env = dict(base.env)
+        if self.group.interface:
+            env.setdefault("GLOO_SOCKET_IFNAME", self.group.interface)
+            env.setdefault("NCCL_SOCKET_IFNAME", self.group.interface)
+        nccl = base.backend == "nccl"
+        return base.model_copy(
+            update={
+                "ranks": world.size,
+                "devices": tuple(devices) if nccl and len(devices) == world.size else (),
+                "host": world.host,
+                "reporters": world.reporters,
+                "env": tuple(sorted(env.items())),
+                "path": "group",
+            }
+        )
+
+    def _run(
+        self,
+        probe: ProbeConfig,
+        world: World,
+        devices: list[str],
+        on_event: Callable[[str, dict[str, Any]], None] | None,
+        port_source: Callable[[], int | None] | None,
+    ) -> ProbeOutcome:
+        spec = self._group_spec(probe, world, devices)
+        self.results.started(probe.name)
+        local_abort = self.runner._abort_check(spec.devices)
+
+        def abort() -> str | None:
+            # A member that left mid-round: stop now rather than wait for a deadline.
+            if any(member not in self.seen for member in world.members):
+                return "member_absent"
+            return local_abort()
+
+        launcher = Launcher(
+            spec,
+            abort=abort,
+            on_event=on_event,
+            local_ranks=world.ranks_of[self.me],
+            port_source=port_source,
+            python=self.config.rank_python or _python(),
+        )
+        return launcher.run()
+
+    def _record(self, probe: ProbeConfig, outcome: ProbeOutcome, export: bool, epoch: int) -> None:
+        self.results.finished(probe, outcome, "group", export=export)
+        fields: dict[str, Any] = dict(
+            group=self.group.name, probe=probe.name, epoch=epoch, wall_s=round(outcome.wall_s, 3)
+        )
+        if outcome.failure is not None:
+            event(
+                log,
+                "group round failed",
+                level=logging.WARNING,
+                outcome="failed",
+                reason=outcome.failure.reason,
+                detail=outcome.failure.describe(),
+                **fields,
+            )
+            return
+        largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
+        if largest is not None:
+            fields["busbw_gbps"] = round(largest.busbw_bytes_per_second / 1e9, 4)
+        event(log, "group round ok", outcome="ok", **fields)
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable

@@ -1,0 +1,164 @@
+"""The daemon's handle on its store agent (netmon.group_agent): requests with deadlines.
+
+Every call returns or raises GroupError within its timeout plus a small margin, whatever the
+agent or the remote member does; a dead agent is restarted on the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import netmon
+
+log = logging.getLogger(__name__)
+
+MARGIN_S = 2.0
+START_TIMEOUT_S = 60.0
+
+
+class GroupError(Exception):
+    """A store request that failed or timed out: the member is absent or the key never came."""
+
+
+class GroupLink:
+    def __init__(
+        self, port: int, python: str = sys.executable, env: dict[str, str] | None = None
+    ) -> None:
+        self.port = port
+        self.python = python
+        self.env = env
+        self._lock = threading.Lock()  # guards _pending, _next_id and writes to the agent
+        self._start_lock = threading.Lock()  # one (re)start at a time; never held by the reader
+        self._pending: dict[int, Future[Any]] = {}
+        self._next_id = 1
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ---- agent lifecycle ----
+
+    def start(self) -> None:
+        with self._start_lock:
+            self._ensure_started()
+
+    def _ensure_started(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        package_root = str(Path(netmon.__file__).resolve().parent.parent)
+        env = dict(os.environ if self.env is None else self.env)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the agent only needs the store, never a GPU
+        # Every failed request is an answer on stdout; c10d's own retry traces are noise.
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        ready: Future[Any] = Future()
+        with self._lock:
+            self._pending = {0: ready}
+        self._proc = subprocess.Popen(
+            [self.python, "-m", "netmon.group_agent", "--port", str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        threading.Thread(
+            target=self._read, args=(self._proc,), name="group-agent", daemon=True
+        ).start()
+        try:
+            info = ready.result(timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            self.stop()
+            raise GroupError(
+                f"the store agent did not start on port {self.port}: {exc or 'no answer'}"
+            ) from None
+        log.info("group store agent pid %s listening on port %s", info["pid"], info["port"])
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            with self._lock:
+                future = self._pending.pop(int(message.get("id", -1)), None)
+            if future is None:
+                continue
+            if message.get("ok"):
+                future.set_result(message.get("value"))
+            else:
+                future.set_exception(GroupError(str(message.get("error"))))
+        # EOF: the agent is gone; every waiter learns it now rather than at its deadline.
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(GroupError("the store agent exited"))
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    # ---- requests ----
+
+    def call(self, op: str, member: str, timeout: float = 2.0, **fields: Any) -> Any:
+        with self._start_lock:
+            self._ensure_started()
+        with self._lock:
+            if self._proc is None or self._proc.stdin is None:
+                raise GroupError("the store agent is not running")
+            request_id = self._next_id
+            self._next_id += 1
+            future: Future[Any] = Future()
+            self._pending[request_id] = future
+            line = (
+                json.dumps(
+                    {"id": request_id, "op": op, "member": member, "timeout": timeout, **fields}
+                )
+                + "\n"
+            )
+            try:
+                self._proc.stdin.write(line.encode())
+                self._proc.stdin.flush()
+            except OSError:
+                self._pending.pop(request_id, None)
+                raise GroupError("the store agent is not running") from None
+        try:
+            return future.result(timeout=timeout + MARGIN_S)
+        except TimeoutError:
+            with self._lock:
+                self._pending.pop(request_id, None)
+            raise GroupError(f"{op} on {member}: no answer in {timeout + MARGIN_S:.0f} s") from None
+
+    def ping(self, member: str, timeout: float = 1.0) -> bool:
+        try:
+            return bool(self.call("ping", member, timeout))
+        except GroupError:
+            return False
+
+    def set(self, member: str, key: str, value: str) -> None:
+        self.call("set", member, key=key, value=value)
+
+    def add(self, member: str, key: str, amount: int = 1) -> int:
+        return int(self.call("add", member, key=key, amount=amount))
+
+    def get(self, member: str, key: str, timeout: float) -> str:
+        return str(self.call("get", member, timeout, key=key))
+
+    def check(self, member: str, key: str, timeout: float = 1.0) -> bool:
+        return bool(self.call("check", member, timeout, key=key))
