@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
 
-_SERVING = re.compile(r"listen\W+http://127\.0\.0\.1:(\d+)/metrics")
+_SERVING = re.compile(r"listen\W+https?://127\.0\.0\.1:(\d+)/metrics")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -49,7 +49,16 @@ def fast_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
 
 
 class DaemonProcess:
-    def __init__(self, tmp_path: Path, config: dict[str, Any], name: str = "netmon") -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        config: dict[str, Any],
+        name: str = "netmon",
+        netns: str | None = None,
+    ) -> None:
+        # In a network namespace the daemon runs under `ip netns exec`, and so do the scrapes.
+        self.netns = netns
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = tmp_path / f"{name}.log"
@@ -58,7 +67,15 @@ class DaemonProcess:
         env = {**os.environ, "NETMON_TEST_TAG": self.tag}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "netmon", "serve", "--config", str(self.config_path)],
+                [
+                    *prefix,
+                    sys.executable,
+                    "-m",
+                    "netmon",
+                    "serve",
+                    "--config",
+                    str(self.config_path),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -76,6 +93,21 @@ class DaemonProcess:
 
     def get(self, path: str = "/metrics", timeout: float = 10) -> str:
         url = f"http://127.0.0.1:{self.port}{path}"
+        if self.netns:
+            fetch = (
+                "import sys, urllib.request; "
+                f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout={timeout}).read()"
+                ".decode())"
+            )
+            done = subprocess.run(
+                ["ip", "netns", "exec", self.netns, sys.executable, "-c", fetch],
+                capture_output=True,
+                text=True,
+                timeout=timeout + 10,
+            )
+            if done.returncode != 0:
+                raise OSError(f"scrape in {self.netns} failed: {done.stderr.strip()[-300:]}")
+            return done.stdout
         with urllib.request.urlopen(url, timeout=timeout) as response:
             body: bytes = response.read()
         return body.decode()

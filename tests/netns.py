@@ -122,3 +122,80 @@ class Namespaces:
             for line in listed.splitlines()
             if line.split() and self.tag in line.split()[0]
         ]
+
+
+class Link:
+    """Two namespaces joined by one veth pair: two hosts and the cable between them."""
+
+    def __init__(self, net: int = 233) -> None:
+        require_root()
+        self.tag = uuid.uuid4().hex[:6]
+        self.names = [f"nl{self.tag}-a", f"nl{self.tag}-b"]
+        self.addresses = [f"10.{net}.0.1", f"10.{net}.0.2"]
+        self._created: list[str] = []
+        try:
+            for name in self.names:
+                _ip("netns", "add", name)
+                self._created.append(name)
+            _ip(
+                "-n",
+                self.names[0],
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                self.names[1],
+            )
+            for name, address in zip(self.names, self.addresses, strict=True):
+                _ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+                _ip("-n", name, "link", "set", "eth0", "up")
+                _ip("-n", name, "link", "set", "lo", "up")
+        except BaseException:
+            self.remove()
+            raise
+
+    def shape(self, rate: str) -> None:
+        """The cable's rate, both directions (tbf on each end's egress)."""
+        for name in self.names:
+            subprocess.run(
+                [
+                    "tc",
+                    "-n",
+                    name,
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    "256kb",
+                    "latency",
+                    "200ms",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+
+    def remove(self) -> None:
+        for name in reversed(self._created):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        self._created.clear()
+
+    def existing(self) -> list[str]:
+        listed = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ).stdout
+        return [
+            line.split()[0]
+            for line in listed.splitlines()
+            if line.split() and self.tag in line.split()[0]
+        ]
