@@ -70,8 +70,9 @@ class ProbeConfig(_Strict):
     # collective: the op over all devices; pairs: every GPU pair as a 2-rank world, in rounds.
     kind: Literal["collective", "pairs"] = "collective"
     # local: this node's devices; with a `group`: group (all devices of every member),
-    # group_one_gpu (one device or CPU rank per member).
-    scope: Literal["local", "group", "group_one_gpu"] = "local"
+    # group_one_gpu (one device or CPU rank per member), node_pairs (every pair of members,
+    # in rounds of disjoint pairs, judged against the median of all node pairs).
+    scope: Literal["local", "group", "group_one_gpu", "node_pairs"] = "local"
     # Path variants, each in its own rank processes and exported with its `path` label:
     # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.paths).
     paths: tuple[str, ...] = ("default",)

@@ -24,11 +24,13 @@ from netmon import idle
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.group import GroupConfig, World, lay_out, leader_of
 from netmon.grouplink import GroupError, GroupLink
+from netmon.links import judge_pairs
 from netmon.logs import event
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.results import GroupView, Results
 from netmon.runner import DeviceLocks, ProbeRunner, device_keys, spec_for
+from netmon.topology import plan_pair_rounds
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ class Coordinator:
     # ---- what each member can give ----
 
     def _local_ranks(self, probe: ProbeConfig) -> int:
-        if probe.scope == "group_one_gpu":
+        if probe.scope in ("group_one_gpu", "node_pairs"):
             return 1
         spec = spec_for(probe, self.config)
         return spec.ranks
@@ -151,6 +153,9 @@ class Coordinator:
         absent = [m for m in self.group.members if m not in self.seen]
         if absent:
             self._skip(probe, "member_absent", f"no answer from {', '.join(absent)}")
+            return
+        if probe.scope == "node_pairs":
+            self._lead_pairs(probe)
             return
         epoch = self.link.add(self.me, EPOCH_KEY)
         prefix = f"netmon/{epoch}/"
@@ -197,6 +202,176 @@ class Coordinator:
             # The member that hosts rank 0 (the leader) exports the round: once per group.
             self._record(probe, outcome, export=True, epoch=epoch)
 
+    # ---- node pairs ----
+
+    def _lead_pairs(self, probe: ProbeConfig) -> None:
+        """Every pair of members, in rounds of disjoint pairs; then the same-class verdict."""
+        members = sorted(self.group.members)
+        busbw: dict[tuple[int, int], float] = {}
+        for round_pairs in plan_pair_rounds(len(members)):
+            if self.stopping.is_set():
+                return
+            pairs = [(members[a], members[b]) for a, b in round_pairs]
+            measured = self._lead_pair_round(probe, pairs)
+            if measured is None:
+                return  # skipped: counted and logged; the sweep starts over next interval
+            for (a, b), value in measured.items():
+                if value is not None:
+                    busbw[(members.index(a), members.index(b))] = value
+        verdict = judge_pairs(busbw, dict.fromkeys(busbw, "NET"), probe.suspect_ratio)
+        suspects = tuple(members[i] for i in verdict.suspect_members)
+        pair_suspects = tuple((members[a], members[b]) for a, b in verdict.suspect_pairs)
+        self.results.set_peer_verdict(probe.name, tuple(members), suspects, pair_suspects)
+        event(
+            log,
+            "node pairs judged",
+            level=logging.WARNING if suspects or pair_suspects else logging.INFO,
+            group=self.group.name,
+            probe=probe.name,
+            pairs=len(busbw),
+            verdict=verdict.describe(),
+        )
+
+    def _lead_pair_round(
+        self, probe: ProbeConfig, pairs: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], float | None] | None:
+        epoch = self.link.add(self.me, EPOCH_KEY)
+        prefix = f"netmon/{epoch}/"
+        self.link.set(
+            self.me,
+            prefix + "plan",
+            json.dumps({"probe": probe.name, "pairs": [list(p) for p in pairs]}),
+        )
+        participants = [m for pair in pairs for m in pair]
+        spec = spec_for(probe, self.config)
+        mine: float | None = None
+        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
+            ready: dict[str, dict[str, Any]] = {}
+            if self.me in participants:
+                ready[self.me] = self._readiness(probe, got)
+            missing = []
+            deadline = time.monotonic() + self.group.ready_timeout
+            for member in participants:
+                if member == self.me:
+                    continue
+                try:
+                    left = max(0.1, deadline - time.monotonic())
+                    ready[member] = json.loads(
+                        self.link.get(self.me, prefix + f"ready/{member}", left)
+                    )
+                except (GroupError, ValueError):
+                    missing.append(member)
+            if missing:
+                self._cancel(
+                    prefix,
+                    probe,
+                    "member_absent",
+                    f"{', '.join(missing)} did not answer round {epoch}",
+                )
+                return None
+            busy = {m: r.get("reason", "gpu_unknown") for m, r in ready.items() if not r["idle"]}
+            if busy:
+                member, reason = sorted(busy.items())[0]
+                self._cancel(prefix, probe, reason, f"{member} cannot take part: {reason}")
+                return None
+            worlds = [lay_out(pair, {m: int(ready[m]["ranks"]) for m in pair}) for pair in pairs]
+            devices_of = {m: [str(d) for d in r.get("devices", [])] for m, r in ready.items()}
+            go = {"pairs": [json.loads(w.to_json()) for w in worlds], "devices": devices_of}
+            self.link.set(self.me, prefix + "go", json.dumps(go))
+            for index, world in enumerate(worlds):
+                if self.me in world.members:
+                    mine = self._run_pair(probe, index, world, devices_of, prefix, self.me)
+        measured: dict[tuple[str, str], float | None] = {}
+        for index, world in enumerate(worlds):
+            low = world.members[0]
+            pair = (world.members[0], world.members[1])
+            if low == self.me:
+                measured[pair] = mine
+                continue
+            try:
+                report = json.loads(
+                    self.link.get(
+                        self.me,
+                        prefix + f"result/{index}",
+                        probe.timeout + self.group.ready_timeout,
+                    )
+                )
+                measured[pair] = report.get("busbw")
+            except (GroupError, ValueError):
+                measured[pair] = None
+        return measured
+
+    def _follow_pairs(
+        self, leader: str, prefix: str, probe: ProbeConfig, plan: dict[str, Any], epoch: int
+    ) -> None:
+        pairs = [tuple(pair) for pair in plan.get("pairs", [])]
+        if not any(self.me in pair for pair in pairs):
+            return  # sits this round out (an odd member count leaves one member a bye)
+        spec = spec_for(probe, self.config)
+        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
+            try:
+                self.link.set(
+                    leader, prefix + f"ready/{self.me}", json.dumps(self._readiness(probe, got))
+                )
+                go = json.loads(
+                    self.link.get(leader, prefix + "go", self.group.ready_timeout + 2.0)
+                )
+            except (GroupError, ValueError) as exc:
+                self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+                return
+            if "skip" in go:
+                self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
+                return
+            for index, raw in enumerate(go["pairs"]):
+                world = World.from_json(json.dumps(raw))
+                if self.me in world.members:
+                    self._run_pair(probe, index, world, go.get("devices", {}), prefix, leader)
+
+    def _run_pair(
+        self,
+        probe: ProbeConfig,
+        index: int,
+        world: World,
+        devices_of: dict[str, list[str]],
+        prefix: str,
+        leader: str,
+    ) -> float | None:
+        """This member's side of one node pair; the pair's rank-0 member reports and exports."""
+        port_key = prefix + f"pair{index}/port"
+        host_of_rank0 = world.members[0] == self.me
+        devices = [str(d) for m in world.members for d in devices_of.get(m, [])]
+
+        def publish(kind: str, fields: dict[str, Any]) -> None:
+            if kind == "store":
+                self.link.set(leader, port_key, str(fields["port"]))
+
+        outcome = self._run(
+            probe,
+            world,
+            devices,
+            on_event=publish if host_of_rank0 else None,
+            port_source=None if host_of_rank0 else self._port_source(leader, port_key),
+        )
+        peer = world.members[1] if host_of_rank0 else world.members[0]
+        self.results.finished(probe, outcome, "node_pair", export=False)
+        largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
+        value = largest.busbw_bytes_per_second if largest and outcome.ok else None
+        if host_of_rank0:
+            self.results.peer_measured(probe.name, peer, outcome)
+            with contextlib.suppress(GroupError):
+                self.link.set(leader, prefix + f"result/{index}", json.dumps({"busbw": value}))
+        event(
+            log,
+            "node pair measured",
+            level=logging.INFO if outcome.ok else logging.WARNING,
+            group=self.group.name,
+            probe=probe.name,
+            peer=peer,
+            outcome="ok" if outcome.ok else "failed",
+            busbw_gbps=round(value / 1e9, 4) if value else None,
+        )
+        return value
+
     def _cancel(self, prefix: str, probe: ProbeConfig, reason: str, detail: str) -> None:
         with contextlib.suppress(GroupError):
             self.link.set(self.me, prefix + "go", json.dumps({"skip": reason}))
@@ -235,6 +410,9 @@ class Coordinator:
         probe = self.probes.get(str(plan.get("probe")))
         if probe is None:
             return
+        if "pairs" in plan:
+            self._follow_pairs(leader, prefix, probe, plan, epoch)
+            return
         spec = spec_for(probe, self.config)
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
             try:
@@ -256,11 +434,11 @@ class Coordinator:
                 world,
                 [str(d) for d in go.get("devices", [])],
                 on_event=None,
-                port_source=self._port_source(leader, prefix),
+                port_source=self._port_source(leader, prefix + "port"),
             )
             self._record(probe, outcome, export=False, epoch=epoch)
 
-    def _port_source(self, leader: str, prefix: str) -> Callable[[], int | None]:
+    def _port_source(self, leader: str, key: str) -> Callable[[], int | None]:
         next_try = [0.0]
 
         def port() -> int | None:
@@ -268,9 +446,9 @@ class Coordinator:
                 return None
             next_try[0] = time.monotonic() + 0.2
             try:
-                if not self.link.check(leader, prefix + "port", PING_TIMEOUT_S):
+                if not self.link.check(leader, key, PING_TIMEOUT_S):
                     return None
-                return int(self.link.get(leader, prefix + "port", PING_TIMEOUT_S))
+                return int(self.link.get(leader, key, PING_TIMEOUT_S))
             except (GroupError, ValueError):
                 return None
 

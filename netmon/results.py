@@ -18,7 +18,15 @@ from typing import Any
 import netmon
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exporter import LinkPoint, ProbeStats, SeriesPoint, Snapshot, VerdictPoint
+from netmon.exporter import (
+    LinkPoint,
+    PeerPoint,
+    PeerVerdict,
+    ProbeStats,
+    SeriesPoint,
+    Snapshot,
+    VerdictPoint,
+)
 from netmon.links import LinkVerdict
 from netmon.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome
@@ -71,6 +79,8 @@ class Results:
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: Any = None
         self._group: GroupView | None = None
+        self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
+        self._peer_verdicts: dict[str, PeerVerdict] = {}
         self.state_write_errors = 0
         self._snapshot = self._build_snapshot()
 
@@ -109,6 +119,28 @@ class Results:
             if view == self._group:
                 return
             self._group = view
+            self._snapshot = self._build_snapshot()
+
+    def peer_measured(self, probe: str, peer: str, outcome: ProbeOutcome) -> None:
+        """A node pair this member hosted rank 0 of: exported here, with the other as `peer`."""
+        if not outcome.ok:
+            return
+        with self._lock:
+            self._peers[(probe, peer)] = tuple(
+                PeerPoint(probe, r.size_bytes, peer, r.busbw_bytes_per_second)
+                for r in outcome.results
+            )
+            self._snapshot = self._build_snapshot()
+
+    def set_peer_verdict(
+        self,
+        probe: str,
+        members: tuple[str, ...],
+        suspects: tuple[str, ...],
+        pair_suspects: tuple[tuple[str, str], ...],
+    ) -> None:
+        with self._lock:
+            self._peer_verdicts[probe] = PeerVerdict(members, suspects, pair_suspects)
             self._snapshot = self._build_snapshot()
 
     def set_link_health(self, health: Any) -> None:
@@ -263,6 +295,8 @@ class Results:
             transport_faults=dict(self._transport_faults),
             link_health=self._link_health,
             group=self._group,
+            peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
+            peer_verdicts=dict(self._peer_verdicts),
         )
 
 

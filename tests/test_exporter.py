@@ -322,6 +322,8 @@ def test_the_documented_contract_matches_what_is_exported() -> None:
         transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
         link_health=health,
         group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
+        peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
+        peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
     )
     exported = {
         sample.name for family in make_registry(lambda: full).collect() for sample in family.samples

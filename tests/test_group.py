@@ -27,6 +27,17 @@ ROUND = {
 }
 
 
+NODE_PAIRS = {
+    "name": "nodes",
+    "scope": "node_pairs",
+    "sizes": ["64K"],
+    "interval": "3s",
+    "iters": 3,
+    "warmup": 1,
+    "timeout": "60s",
+}
+
+
 def member_config(tmp_path: Path, members: list[str], me: str) -> dict[str, Any]:
     name = me.replace(":", "_").replace(".", "_")
     return {
@@ -35,7 +46,7 @@ def member_config(tmp_path: Path, members: list[str], me: str) -> dict[str, Any]
         "pause_file": str(tmp_path / name / "pause"),
         "backend": "gloo",
         "ranks": 1,
-        "probes": [ROUND],
+        "probes": [ROUND, NODE_PAIRS],
         "group": {
             "name": "test",
             "members": members,
@@ -116,6 +127,24 @@ def test_three_daemons_form_a_group_survive_members_and_hand_over(group3: Group)
     assert all(
         (d.value("netmon_probe_runs_total", probe="cross") or 0) >= 1 for d in daemons.values()
     )
+
+    # Node pairs: each pair exported once, by its lower-named member, naming the other as peer;
+    # the leader exports the verdict for every member.
+    def peers(daemon: DaemonProcess) -> set[str]:
+        found = series(daemon.scrape(), "netmon_peer_busbw_bytes_per_second")
+        return {dict(key)["peer"] for key in found}
+
+    wait_until(
+        lambda: (
+            peers(head) == {second, third}
+            and peers(daemons[second]) == {third}
+            and len(series(head.scrape(), "netmon_peer_suspect")) == 3
+        ),
+        120,
+        "every node pair measured and judged",
+    )
+    assert peers(daemons[third]) == set()
+    assert set(series(head.scrape(), "netmon_peer_suspect").values()) == {0.0}
 
     # A follower dies: the others see it absent, rounds are skipped naming it, metrics go on.
     daemons[third].kill_all()
