@@ -30,6 +30,8 @@ from netmon.exporter import (
     SKIP_REASONS,
     LinkPoint,
     MetricsServer,
+    PeerPoint,
+    PeerVerdict,
     ProbeStats,
     SeriesPoint,
     Snapshot,
