@@ -384,13 +384,22 @@ def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...
     return backend, ranks, devices
 
 
+def _wrapper(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise UsageError(f"--wrapper: {exc} in {text!r}; quote as in a shell") from None
+
+
 def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
     backend, ranks, devices = _resolve_backend(args)
     ops = [op.strip() for op in args.op.split(",") if op.strip()]
     unknown = [op for op in ops if op not in bandwidth.OPS]
     if unknown or not ops:
         raise UsageError(
-            f"--op: {','.join(unknown) or 'nothing'} is not an op; "
+            f"--op: {','.join(map(repr, unknown)) or 'nothing'} is not an op; "
             f"use one of {','.join(bandwidth.OPS)}"
         )
     try:
@@ -412,7 +421,7 @@ def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
         check=args.check,
         timeout=timeout,
         host=args.host,
-        wrapper=tuple(shlex.split(args.wrapper)) if args.wrapper else (),
+        wrapper=_wrapper(args.wrapper),
     )
     specs = []
     try:
