@@ -13,8 +13,8 @@ run: setup
 	.venv/bin/netmon serve $(ARGS)
 
 lint: setup-dev
-	.venv/bin/ruff check netmon tests bench
-	.venv/bin/ruff format --check netmon tests bench
+	.venv/bin/ruff check netmon tests bench grafana deploy
+	.venv/bin/ruff format --check netmon tests bench grafana deploy
 	.venv/bin/mypy
 
 test: lint

@@ -1,0 +1,18 @@
+#!/bin/sh
+# shellcheck source-path=SCRIPTDIR
+# Slurm Epilog: this job no longer holds netmon's pause; netmon resumes once no other job on
+# the node (and no health check) holds one.
+#
+#   slurm.conf:  Epilog=/opt/netmon/slurm/epilog.sh
+#
+# Like the prolog it never fails: Slurm would drain the node.
+set -u
+# shellcheck source=netmon-pause.sh
+. "$(dirname "$0")/netmon-pause.sh"
+
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+  netmon_log "epilog: SLURM_JOB_ID is not set; nothing to release"
+elif ! netmon_pause_release "job-$SLURM_JOB_ID"; then
+  netmon_log "epilog: could not release netmon's pause for job $SLURM_JOB_ID"
+fi
+exit 0

@@ -1,0 +1,21 @@
+#!/bin/sh
+# shellcheck source-path=SCRIPTDIR
+# Slurm Prolog: pause netmon on this node while a job runs (netmon stops a running probe and
+# starts none until the pause file is gone).
+#
+#   slurm.conf:  Prolog=/opt/netmon/slurm/prolog.sh
+#                PrologFlags=Alloc    # run at allocation, before the job's first step
+#
+# Slurm drains a node whose prolog fails, so this never fails: if the pause cannot be set, it
+# logs why and the job starts anyway (netmon's own idle check still stops a probe that meets a
+# job's process on a GPU).
+set -u
+# shellcheck source=netmon-pause.sh
+. "$(dirname "$0")/netmon-pause.sh"
+
+if [ -z "${SLURM_JOB_ID:-}" ]; then
+  netmon_log "prolog: SLURM_JOB_ID is not set; not pausing"
+elif ! netmon_pause_acquire "job-$SLURM_JOB_ID"; then
+  netmon_log "prolog: could not pause netmon for job $SLURM_JOB_ID"
+fi
+exit 0

@@ -1,0 +1,995 @@
+"""Writes grafana/dashboards/netmon.json, the netmon dashboard, from the panel list below.
+
+    python grafana/build_dashboard.py           # rewrite the JSON
+    python grafana/build_dashboard.py --check   # exit 1 if the checked-in JSON is out of date
+
+The dashboard takes its Prometheus data source from the `datasource` variable, never a fixed UID,
+so it imports and provisions into any Grafana. Every query is evaluated against a real
+Prometheus by tests/test_dashboard_queries.py; docs/DASHBOARD.md walks through the panels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+Json = dict[str, Any]
+
+OUTPUT = Path(__file__).resolve().parent / "dashboards" / "netmon.json"
+UID = "netmon-interconnects"
+DS: Json = {"type": "prometheus", "uid": "${datasource}"}
+
+# Label filters from the dashboard variables.
+NODE = 'instance=~"$instance"'
+PROBE = 'instance=~"$instance", probe=~"$probe"'
+GPU = 'instance=~"$instance", gpu=~"$gpu"'
+PAIR = 'instance=~"$instance", probe=~"$probe", gpu=~"$gpu"'
+
+GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
+
+
+def target(
+    expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False
+) -> Json:
+    out: Json = {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto"}
+    if instant:
+        out.update({"instant": True, "range": False})
+    if table:
+        out["format"] = "table"
+    return out
+
+
+def thresholds(*steps: tuple[float | None, str]) -> Json:
+    return {"mode": "absolute", "steps": [{"value": v, "color": c} for v, c in steps]}
+
+
+def dashed(ref: str, color: str) -> Json:
+    """An override drawing one query's series as a dashed line in one colour (baselines, limits)."""
+    return {
+        "matcher": {"id": "byFrameRefID", "options": ref},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+            {"id": "color", "value": {"mode": "fixed", "fixedColor": color}},
+        ],
+    }
+
+
+def state_mapping(zero: tuple[str, str], one: tuple[str, str]) -> list[Json]:
+    return [
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": zero[0], "color": zero[1], "index": 0},
+                "1": {"text": one[0], "color": one[1], "index": 1},
+            },
+        }
+    ]
+
+
+class Layout:
+    """Places panels left to right in rows of 24 grid units, and numbers them."""
+
+    def __init__(self) -> None:
+        self.panels: list[Json] = []
+        self.x = 0
+        self.y = 0
+        self.row_height = 0
+        self.next_id = 1
+        self.collapsed_row: Json | None = None
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def row(self, title: str, collapsed: bool = False) -> None:
+        self.y += self.row_height
+        self.x = self.row_height = 0
+        row: Json = {
+            "type": "row",
+            "id": self._id(),
+            "title": title,
+            "collapsed": collapsed,
+            "gridPos": {"x": 0, "y": self.y, "w": 24, "h": 1},
+            "panels": [],
+        }
+        self.panels.append(row)
+        self.collapsed_row = row if collapsed else None
+        self.y += 1
+
+    def add(self, panel: Json, w: int, h: int) -> None:
+        if self.x + w > 24:
+            self.y += self.row_height
+            self.x = self.row_height = 0
+        panel["id"] = self._id()
+        panel["gridPos"] = {"x": self.x, "y": self.y, "w": w, "h": h}
+        self.x += w
+        self.row_height = max(self.row_height, h)
+        # A collapsed row keeps its panels inside it; an open row is followed by them.
+        (self.collapsed_row["panels"] if self.collapsed_row else self.panels).append(panel)
+
+
+def timeseries(
+    title: str,
+    description: str,
+    targets: list[Json],
+    unit: str,
+    overrides: list[Json] | None = None,
+    steps: Json | None = None,
+    bars: bool = False,
+    calcs: tuple[str, ...] = ("lastNotNull", "min", "max"),
+) -> Json:
+    custom: Json = {
+        # Measurements are held between probe runs: a step, not a slope.
+        "drawStyle": "bars" if bars else "line",
+        "lineInterpolation": "stepAfter",
+        "lineWidth": 1,
+        "fillOpacity": 60 if bars else 0,
+        "showPoints": "never",
+        "spanNulls": False,
+        "axisSoftMin": 0,
+    }
+    if steps is not None:
+        custom["thresholdsStyle"] = {"mode": "dashed"}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "color": {"mode": "palette-classic"},
+                "custom": custom,
+                "thresholds": steps or thresholds((None, GREEN)),
+            },
+            "overrides": overrides or [],
+        },
+        "options": {
+            "legend": {"displayMode": "table", "placement": "bottom", "calcs": list(calcs)},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def state_timeline(
+    title: str, description: str, targets: list[Json], mapping: list[Json], steps: Json
+) -> Json:
+    return {
+        "type": "state-timeline",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {
+                "mappings": mapping,
+                "color": {"mode": "thresholds"},
+                "thresholds": steps,
+                "custom": {"fillOpacity": 80, "lineWidth": 0},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "showValue": "never",
+            "mergeValues": True,
+            "rowHeight": 0.8,
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "single"},
+        },
+    }
+
+
+def stat(
+    title: str, description: str, targets: list[Json], steps: Json, unit: str = "none"
+) -> Json:
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": steps},
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "none",
+            "textMode": "auto",
+            "justifyMode": "auto",
+            "orientation": "auto",
+        },
+    }
+
+
+def table(
+    title: str,
+    description: str,
+    targets: list[Json],
+    transformations: list[Json],
+    unit: str = "none",
+    steps: Json | None = None,
+    colored: bool = False,
+    mapping: list[Json] | None = None,
+    sort_by: str | None = None,
+) -> Json:
+    defaults: Json = {
+        "unit": unit,
+        "color": {"mode": "thresholds"},
+        "thresholds": steps or thresholds((None, GREEN)),
+        "custom": {"align": "auto", "cellOptions": {"type": "auto"}},
+        "mappings": mapping or [],
+    }
+    if colored:
+        defaults["custom"]["cellOptions"] = {"type": "color-background", "mode": "basic"}
+    options: Json = {"showHeader": True, "cellHeight": "sm"}
+    if sort_by:
+        options["sortBy"] = [{"displayName": sort_by, "desc": False}]
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "targets": targets,
+        "transformations": transformations,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+    }
+
+
+def hide_columns(*extra: str) -> Json:
+    names = {name: True for name in ("Time", "__name__", "job", *extra)}
+    return {"id": "organize", "options": {"excludeByName": names}}
+
+
+RATIO_STEPS = thresholds((None, RED), (0.7, YELLOW), (0.9, GREEN))
+SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}}"
+
+
+def panels() -> list[Json]:
+    layout = Layout()
+
+    layout.row("Overview")
+    layout.add(
+        stat(
+            "Degraded series",
+            "Series whose busbw is degraded against its learned baseline (netmon_degraded).",
+            [target(f"sum(netmon_degraded{{{PROBE}}})", instant=True)],
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Stale probes",
+            "Probes with no success for more than 3 of their intervals.",
+            [
+                target(
+                    f"count((time() - netmon_probe_last_success_timestamp_seconds{{{PROBE}}}) "
+                    f"> 3 * netmon_probe_interval_seconds{{{PROBE}}}) or vector(0)",
+                    instant=True,
+                )
+            ],
+            thresholds((None, GREEN), (1, YELLOW)),
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Paused nodes",
+            "Nodes whose pause file exists (a Slurm job, or an operator).",
+            [target(f"sum(netmon_paused{{{NODE}}})", instant=True)],
+            thresholds((None, GREEN), (1, BLUE)),
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        stat(
+            "Firing netmon alerts",
+            "Alerts of deploy/prometheus/netmon-rules.yaml that fire now.",
+            [
+                target(
+                    'count(ALERTS{alertstate="firing", alertname=~"Netmon.*"}) or vector(0)',
+                    instant=True,
+                )
+            ],
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=4,
+        h=4,
+    )
+    layout.add(
+        table(
+            "netmon versions",
+            "netmon, torch and NCCL versions per node (NCCL is empty until an nccl probe ran).",
+            [target(f"netmon_build_info{{{NODE}}}", instant=True, table=True)],
+            [hide_columns("Value")],
+        ),
+        w=8,
+        h=4,
+    )
+
+    layout.row("Bandwidth and latency")
+    layout.add(
+        timeseries(
+            "Bus bandwidth by size",
+            "busbw (nccl-tests definition) of every probe and size; dashed: the learned "
+            "baseline; red dashed: the probe's configured min_busbw.",
+            [
+                target(f"netmon_busbw_bytes_per_second{{{PROBE}}}", SERIES),
+                target(
+                    f"netmon_busbw_baseline_bytes_per_second{{{PROBE}}}",
+                    "baseline " + SERIES,
+                    ref="B",
+                ),
+                target(
+                    f"netmon_busbw_threshold_bytes_per_second{{{PROBE}}}",
+                    "min " + SERIES,
+                    ref="C",
+                ),
+            ],
+            "Bps",
+            overrides=[dashed("B", "text"), dashed("C", RED)],
+        ),
+        w=12,
+        h=9,
+    )
+    layout.add(
+        timeseries(
+            "Latency by size",
+            "Median time per op (slowest rank per sample); small sizes show latency.",
+            [target(f"netmon_latency_seconds{{{PROBE}}}", SERIES)],
+            "s",
+        ),
+        w=12,
+        h=9,
+    )
+    layout.add(
+        timeseries(
+            "Ratio to baseline",
+            "Latest busbw / learned baseline. The dashed line is the default degradation "
+            "ratio (baseline.ratio 0.8); a single dip under it is noise until netmon_degraded "
+            "says otherwise.",
+            [target(f"netmon_busbw_baseline_ratio{{{PROBE}}}", SERIES)],
+            "percentunit",
+            steps=thresholds((None, RED), (0.8, GREEN)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "Degraded verdicts",
+            "netmon_degraded per series: red once M of the last N results fell under R x "
+            "baseline, green again once they recover.",
+            [target(f"netmon_degraded{{{PROBE}}}", SERIES)],
+            state_mapping(("healthy", GREEN), ("degraded", RED)),
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Latency variation",
+            "Coefficient of variation of the per-op times: a noisy link or a busy host.",
+            [target(f"netmon_latency_variation_ratio{{{PROBE}}}", SERIES)],
+            "percentunit",
+        ),
+        w=12,
+        h=7,
+    )
+    layout.add(
+        timeseries(
+            "Algorithm bandwidth by size",
+            "algbw = size / time per op, before the collective's bus factor.",
+            [target(f"netmon_algbw_bytes_per_second{{{PROBE}}}", SERIES)],
+            "Bps",
+        ),
+        w=12,
+        h=7,
+    )
+
+    layout.row("NVLink and PCIe paths")
+    layout.add(
+        timeseries(
+            "NVLink vs PCIe busbw",
+            'The default path (NVLink where GPUs have it) against the "pcie" path variant '
+            "(NCCL_P2P_DISABLE=1: GPU, PCIe, host memory, PCIe, GPU).",
+            [
+                target(
+                    f'netmon_busbw_bytes_per_second{{{PROBE}, path="default"}}',
+                    "default {{instance}} {{probe}} {{op}} {{size_bytes}} B",
+                ),
+                target(
+                    f'netmon_busbw_bytes_per_second{{{PROBE}, path="pcie"}}',
+                    "pcie {{instance}} {{probe}} {{op}} {{size_bytes}} B",
+                    ref="B",
+                ),
+            ],
+            "Bps",
+            overrides=[dashed("B", "orange")],
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "NVLink / PCIe busbw ratio",
+            "busbw of the default path over the pcie path; about 10x on 8-GPU NVLink boards. "
+            "A ratio that falls toward 1 means NVLink traffic is going over PCIe.",
+            [
+                target(
+                    f"netmon_nvlink_pcie_busbw_ratio{{{PROBE}}}",
+                    "{{instance}} {{probe}} {{op}} {{size_bytes}} B",
+                )
+            ],
+            "none",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Transport in use",
+            "The transport NCCL reported (NCCL_DEBUG=INFO) for each probe and path.",
+            [target(f"netmon_transport_info{{{PROBE}}}", instant=True, table=True)],
+            [hide_columns("Value")],
+        ),
+        w=12,
+        h=7,
+    )
+    layout.add(
+        timeseries(
+            "Transport mismatches",
+            "Runs whose transport differed from the one their path intends, by reason.",
+            [
+                target(
+                    "sum by (instance, probe, path, reason) "
+                    f"(increase(netmon_transport_mismatch_total{{{PROBE}}}[$__rate_interval]))",
+                    "{{instance}} {{probe}} {{path}} {{reason}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=12,
+        h=7,
+    )
+
+    layout.row("GPU pairs")
+    matrix = table(
+        "GPU-pair matrix: busbw / path-class median",
+        "Each cell is one GPU pair's busbw over the median of pairs of the same path class "
+        "(NV18 with NV18, PIX with PIX); red cells are suspect. One matrix per node.",
+        [
+            target(
+                f"max by (gpu, peer_gpu) (netmon_link_busbw_ratio{{{PAIR}}})",
+                instant=True,
+                table=True,
+            )
+        ],
+        [
+            {
+                "id": "groupingToMatrix",
+                "options": {"columnField": "peer_gpu", "rowField": "gpu", "valueField": "Value"},
+            }
+        ],
+        unit="percentunit",
+        steps=RATIO_STEPS,
+        colored=True,
+    )
+    matrix.update({"repeat": "instance", "repeatDirection": "h", "maxPerRow": 2})
+    layout.add(matrix, w=12, h=9)
+    layout.add(
+        table(
+            "GPU pairs, worst first",
+            "Pairs by their ratio to the path-class median; suspect = 1 when netmon names the "
+            "pair.",
+            [
+                target(f"netmon_link_busbw_ratio{{{PAIR}}}", instant=True, table=True),
+                target(f"netmon_link_suspect{{{PAIR}}}", ref="B", instant=True, table=True),
+            ],
+            [{"id": "merge", "options": {}}, hide_columns()],
+            steps=RATIO_STEPS,
+            colored=True,
+            sort_by="Value #A",
+        ),
+        w=12,
+        h=9,
+    )
+    layout.add(
+        timeseries(
+            "GPU-pair busbw",
+            "busbw of each pair probe over time.",
+            [
+                target(
+                    f"netmon_link_busbw_bytes_per_second{{{PAIR}}}",
+                    "{{instance}} GPU{{gpu}}-GPU{{peer_gpu}} {{path}} {{size_bytes}} B",
+                )
+            ],
+            "Bps",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "Suspect GPUs",
+            "A GPU all of whose pairs are low: the GPU or its links, not one pair.",
+            [target(f"netmon_gpu_suspect{{{PAIR}}}", "{{instance}} GPU{{gpu}}")],
+            state_mapping(("ok", GREEN), ("suspect", RED)),
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Topology",
+            "The path class of every GPU pair (nvidia-smi topo -m: NV#, PIX, PXB, PHB, NODE, "
+            "SYS), as netmon read it from NVML.",
+            [target(f"netmon_topology_link_info{{{GPU}}}", instant=True, table=True)],
+            [hide_columns("Value")],
+        ),
+        w=24,
+        h=7,
+    )
+
+    layout.row("PCIe and NVLink health")
+    layout.add(
+        table(
+            "PCIe link: width and generation against max",
+            "Current against maximum link width and generation per GPU. An idle GPU lowers "
+            "its generation to save power; a lower width is always physical.",
+            [
+                target(f"netmon_pcie_link_width{{{GPU}}}", ref="A", instant=True, table=True),
+                target(f"netmon_pcie_link_width_max{{{GPU}}}", ref="B", instant=True, table=True),
+                target(f"netmon_pcie_link_generation{{{GPU}}}", ref="C", instant=True, table=True),
+                target(
+                    f"netmon_pcie_link_generation_max{{{GPU}}}",
+                    ref="D",
+                    instant=True,
+                    table=True,
+                ),
+            ],
+            [
+                {"id": "merge", "options": {}},
+                {
+                    "id": "organize",
+                    "options": {
+                        "excludeByName": {"Time": True, "job": True},
+                        "renameByName": {
+                            "Value #A": "width",
+                            "Value #B": "max width",
+                            "Value #C": "generation",
+                            "Value #D": "max generation",
+                        },
+                    },
+                },
+            ],
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "PCIe downtrained under load",
+            "netmon_pcie_link_downtrained: 1 when a reading taken while traffic flows shows "
+            "the link under its maximum.",
+            [
+                target(
+                    f"netmon_pcie_link_downtrained{{{GPU}}}", "{{instance}} GPU{{gpu}} {{reason}}"
+                )
+            ],
+            state_mapping(("full", GREEN), ("downtrained", RED)),
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "PCIe replay errors",
+            "PCIe replays per interval: a noisy link retransmitting.",
+            [
+                target(
+                    f"sum by (instance, gpu) "
+                    f"(increase(netmon_pcie_replay_errors_total{{{GPU}}}[$__rate_interval]))",
+                    "{{instance}} GPU{{gpu}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "NVLink errors",
+            "NVLink error counters per interval, by GPU, link and kind (replay, recovery, "
+            "CRC flit, CRC data). Healthy links stay at zero.",
+            [
+                target(
+                    "sum by (instance, gpu, link, error) "
+                    f"(increase(netmon_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
+                    "{{instance}} GPU{{gpu}} link {{link}} {{error}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "NVLinks up per GPU",
+            "Links in state up per GPU; a drop is a link that went down.",
+            [
+                target(
+                    f"sum by (instance, gpu) (netmon_nvlink_up{{{GPU}}})",
+                    "{{instance}} GPU{{gpu}}",
+                )
+            ],
+            "none",
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "NVLink throughput",
+            "Bytes over NVLink per second, by GPU and direction: probe and workload traffic.",
+            [
+                target(
+                    "sum by (instance, gpu, direction) "
+                    f"(rate(netmon_nvlink_throughput_bytes_total{{{GPU}}}[$__rate_interval]))",
+                    "{{instance}} GPU{{gpu}} {{direction}}",
+                )
+            ],
+            "Bps",
+        ),
+        w=24,
+        h=7,
+    )
+
+    layout.row("Probe health")
+    layout.add(
+        timeseries(
+            "Probe runs vs failures",
+            "Runs started and runs failed per interval. Failures are counted when a run ends, "
+            "runs when it starts.",
+            [
+                target(
+                    "sum by (instance, probe) "
+                    f"(increase(netmon_probe_runs_total{{{PROBE}}}[$__rate_interval]))",
+                    "runs {{instance}} {{probe}}",
+                ),
+                target(
+                    "sum by (instance, probe) "
+                    f"(increase(netmon_probe_failures_total{{{PROBE}}}[$__rate_interval]))",
+                    "failures {{instance}} {{probe}}",
+                    ref="B",
+                ),
+            ],
+            "none",
+            overrides=[
+                {
+                    "matcher": {"id": "byFrameRefID", "options": "B"},
+                    "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": RED}}],
+                }
+            ],
+            calcs=("sum",),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        stat(
+            "Failure ratio, last hour",
+            "Failed runs / runs over one hour, not counting paused, preempted and shutdown "
+            "(recording rule instance_probe:netmon_probe_failures:ratio1h).",
+            [
+                target(
+                    f"instance_probe:netmon_probe_failures:ratio1h{{{PROBE}}}",
+                    "{{instance}} {{probe}}",
+                    instant=True,
+                )
+            ],
+            thresholds((None, GREEN), (0.05, YELLOW), (0.25, RED)),
+            unit="percentunit",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Failures by reason",
+            "Failed runs per interval by reason (docs/METRICS.md lists them).",
+            [
+                target(
+                    "sum by (instance, probe, reason) "
+                    f"(increase(netmon_probe_failures_total{{{PROBE}}}[$__rate_interval])) > 0",
+                    "{{instance}} {{probe}} {{reason}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Skips by reason",
+            "Runs that were due but not started: paused, GPUs busy, previous run still going.",
+            [
+                target(
+                    "sum by (instance, probe, reason) "
+                    f"(increase(netmon_probe_skips_total{{{PROBE}}}[$__rate_interval])) > 0",
+                    "{{instance}} {{probe}} {{reason}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Staleness: time since last success",
+            "Seconds since each probe last succeeded; dashed: 3 intervals, where "
+            "NetmonProbeStale starts counting.",
+            [
+                target(
+                    f"time() - netmon_probe_last_success_timestamp_seconds{{{PROBE}}}",
+                    "{{instance}} {{probe}}",
+                ),
+                target(
+                    f"3 * netmon_probe_interval_seconds{{{PROBE}}}",
+                    "3 intervals {{instance}} {{probe}}",
+                    ref="B",
+                ),
+            ],
+            "s",
+            overrides=[dashed("B", "text")],
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "Paused",
+            "netmon_paused: the pause file exists (Slurm prolog, or an operator). No probe "
+            "runs then.",
+            [target(f"netmon_paused{{{NODE}}}", "{{instance}}")],
+            state_mapping(("probing", GREEN), ("paused", BLUE)),
+            thresholds((None, GREEN), (1, BLUE)),
+        ),
+        w=12,
+        h=8,
+    )
+
+    layout.row("Cost of probing")
+    layout.add(
+        timeseries(
+            "Devices held by probes",
+            "Average number of GPUs (or CPU ranks) busy with probes: the rate of "
+            "netmon_probe_busy_seconds_total.",
+            [
+                target(
+                    "sum by (instance, probe) "
+                    f"(rate(netmon_probe_busy_seconds_total{{{PROBE}}}[$__rate_interval]))",
+                    "{{instance}} {{probe}}",
+                )
+            ],
+            "none",
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Probe duration",
+            "Wall time of each probe's last run, process start to last reap.",
+            [target(f"netmon_probe_duration_seconds{{{PROBE}}}", "{{instance}} {{probe}}")],
+            "s",
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Peak device memory per rank",
+            "Largest GPU memory a rank allocated in the last run (nccl probes).",
+            [target(f"netmon_probe_peak_device_memory_bytes{{{PROBE}}}", "{{instance}} {{probe}}")],
+            "bytes",
+        ),
+        w=8,
+        h=8,
+    )
+
+    layout.row("Node groups", collapsed=True)
+    layout.add(
+        timeseries(
+            "Node-pair busbw",
+            "busbw between this node and each group peer.",
+            [
+                target(
+                    f"netmon_peer_busbw_bytes_per_second{{{PROBE}}}",
+                    "{{instance}} to {{peer}} {{size_bytes}} B",
+                )
+            ],
+            "Bps",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "Suspect peers",
+            "A peer that is slow with every member of the group.",
+            [target(f"netmon_peer_suspect{{{PROBE}}}", "{{instance}} sees {{peer}}")],
+            state_mapping(("ok", GREEN), ("suspect", RED)),
+            thresholds((None, GREEN), (1, RED)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        state_timeline(
+            "Group members up",
+            "Whether each member of a node group takes part in the group's rounds.",
+            [target(f"netmon_group_member_up{{{NODE}}}", "{{group}} {{member}}")],
+            state_mapping(("down", RED), ("up", GREEN)),
+            thresholds((None, RED), (1, GREEN)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Groups and leaders",
+            "Members per group, and the member each node follows as leader.",
+            [
+                target(
+                    f"max by (group) (netmon_group_members{{{NODE}}})", instant=True, table=True
+                ),
+                target(f"netmon_group_leader{{{NODE}}}", ref="B", instant=True, table=True),
+            ],
+            [hide_columns()],
+        ),
+        w=12,
+        h=8,
+    )
+    return layout.panels
+
+
+def query_variable(name: str, label: str, query: str) -> Json:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": {"query": query, "refId": f"netmon-{name}"},
+        "definition": query,
+        "refresh": 2,  # on time range change: nodes come and go
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".+",
+        "current": {},
+        "sort": 3,  # numerical, so GPU 10 follows GPU 9
+        "regex": "",
+        "hide": 0,
+    }
+
+
+def dashboard() -> Json:
+    return {
+        "title": "netmon: GPU interconnects",
+        "uid": UID,
+        "description": "GPU interconnect bandwidth, latency and link health from netmon "
+        "(deploy/prometheus/netmon-rules.yaml for the recording rules and alerts).",
+        "tags": ["netmon", "gpu", "nccl", "interconnect"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "1m",
+        "time": {"from": "now-6h", "to": "now"},
+        "links": [],
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                },
+                {
+                    "name": "netmon paused",
+                    "datasource": DS,
+                    "enable": True,
+                    "iconColor": "blue",
+                    "expr": f"netmon_paused{{{NODE}}} == 1",
+                    "step": "60s",
+                    "titleFormat": "paused",
+                    "textFormat": "{{instance}}",
+                    "tagKeys": "instance",
+                },
+            ]
+        },
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "refresh": 1,
+                    "regex": "",
+                    "hide": 0,
+                },
+                query_variable("instance", "Node", "label_values(netmon_build_info, instance)"),
+                query_variable(
+                    "gpu",
+                    "GPU",
+                    'label_values({__name__=~"netmon_pcie_link_width|netmon_link_busbw_ratio",'
+                    f" {NODE}}}, gpu)",
+                ),
+                query_variable(
+                    "probe",
+                    "Probe",
+                    f"label_values(netmon_probe_interval_seconds{{{NODE}}}, probe)",
+                ),
+            ]
+        },
+        "panels": panels(),
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the JSON is out of date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = OUTPUT.read_text() if OUTPUT.exists() else ""
+        if current != text:
+            print(
+                f"{OUTPUT} is out of date: run python grafana/build_dashboard.py", file=sys.stderr
+            )
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
