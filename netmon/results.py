@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import netmon
-from netmon import baseline
+from netmon import baseline, nccl_debug
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exporter import (
     LinkPoint,
@@ -75,7 +75,14 @@ class Results:
         self._suspect_gpus: dict[str, tuple[int, ...]] = {}
         self._pair_members: dict[str, tuple[int, ...]] = {}
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
-        self._transport_faults: dict[tuple[str, str, str], int] = {}
+        # Known mismatch reasons start at 0 on GPU nodes, so increase() sees the first one.
+        self._transport_faults: dict[tuple[str, str, str], int] = {
+            (probe.name, path, reason): 0
+            for probe in (config.probes or ())
+            if config.backend == "nccl"
+            for path in probe.paths
+            for reason in nccl_debug.REASONS
+        }
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: Any = None
         self._group: GroupView | None = None
