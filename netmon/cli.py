@@ -372,10 +372,10 @@ def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...
         gpus = gpu_count()
         backend = "nccl" if gpus else "gloo"
         ranks = args.ranks or len(devices) or gpus or 2
-        print(
+        # Said once the flags are known to be valid, so a usage error stays one line.
+        args.announce = (
             f"netmon: no --backend given; using {backend} with {ranks} "
-            f"{'GPU' if gpus else 'CPU'} ranks",
-            file=sys.stderr,
+            f"{'GPU' if gpus else 'CPU'} ranks"
         )
     if backend == "nccl" and not devices:
         count = args.ranks or gpu_count()
@@ -483,6 +483,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--min-busbw: {exc}") from None
     specs = _specs(args)
+    if getattr(args, "announce", None):
+        print(args.announce, file=sys.stderr)
     if args.pairs:
         return _cmd_probe_pairs(args, specs)
     total = sum(len(spec.sizes) for spec in specs)

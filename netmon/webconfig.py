@@ -211,12 +211,14 @@ class BasicAuth:
             return False
         user, password = credentials
         digest = hashlib.sha256(user).digest()
-        found = None
+        found: bytes | None = None
         for name, hashed in self._users:
             if hmac.compare_digest(name, digest):
                 found = hashed
         hashed = found if found is not None else self._decoy
-        key = hmac.new(self._key, b"\0".join((user, hashed, password)), "sha256").digest()
+        # Fixed-length parts (a bcrypt hash is 60 bytes): no two triples make the same message.
+        message = digest + hashed + hashlib.sha256(password).digest()
+        key = hmac.new(self._key, message, "sha256").digest()
         with self._cache_lock:
             if found is not None and key in self._cache:
                 return True

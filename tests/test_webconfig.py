@@ -1,0 +1,475 @@
+"""--web-config for real: certificates made by openssl, a real TLS client that verifies them,
+basic auth against bcrypt hashes, client certificates, the daemon end to end, and one-line errors
+for bad files."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import pytest
+import yaml
+
+from netmon import webconfig
+from netmon.errors import UsageError
+from netmon.exporter import MetricsServer, Snapshot, make_registry
+from netmon.webconfig import BasicAuth, WebSecurity
+from tests.conftest import wait_for
+from tests.daemon_harness import _SERVING, fast_config
+
+PASSWORD = "correct horse"
+# Cost 4, the lowest, keeps the tests fast; the cost changes nothing else.
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+@dataclass(frozen=True)
+class Pki:
+    server_cert: Path
+    server_key: Path
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    rogue_cert: Path  # self-signed, not issued by the CA
+    rogue_key: Path
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+
+
+def self_signed(folder: Path, name: str, *extra: str) -> tuple[Path, Path]:
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-days", "2", "-subj", f"/CN={name}", "-keyout", key, "-out", cert, *extra,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    folder = tmp_path_factory.mktemp("pki")
+    server_cert, server_key = self_signed(
+        folder, "server", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"
+    )
+    ca_cert, ca_key = self_signed(folder, "client-ca")
+    client_key, request, client_cert = (folder / f"client.{e}" for e in ("key", "csr", "crt"))
+    openssl(
+        "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-subj", "/CN=prometheus", "-keyout", client_key, "-out", request,
+    )  # fmt: skip
+    openssl(
+        "x509", "-req", "-in", request, "-CA", ca_cert, "-CAkey", ca_key, "-CAcreateserial",
+        "-days", "2", "-out", client_cert,
+    )  # fmt: skip
+    rogue_cert, rogue_key = self_signed(folder, "rogue")
+    return Pki(server_cert, server_key, ca_cert, client_cert, client_key, rogue_cert, rogue_key)
+
+
+def write_config(folder: Path, document: dict[str, Any], name: str = "web.yml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def tls_section(pki: Pki, **extra: Any) -> dict[str, Any]:
+    return {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key), **extra}
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    servers: list[MetricsServer] = []
+
+    def start(security: WebSecurity, **options: Any) -> int:
+        server = MetricsServer(
+            "127.0.0.1", 0, make_registry(lambda: Snapshot()), security=security, **options
+        )
+        server.serve_in_thread()
+        servers.append(server)
+        return int(server.server_address[1])
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.server_cert))  # verifies name and chain
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def get(
+    port: int,
+    context: ssl.SSLContext,
+    path: str = "/metrics",
+    headers: dict[str, str] | None = None,
+) -> http.client.HTTPResponse:
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    connection.request("GET", path, headers=headers or {})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response
+
+
+# --- TLS and basic auth on a real server
+
+
+def test_tls_with_basic_auth(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    document = {
+        "tls_server_config": tls_section(pki),
+        "basic_auth_users": {"prometheus": HASH, "grafana": HASH},
+        "http_server_config": {
+            "headers": {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "deny"}
+        },
+    }
+    security = webconfig.load(write_config(tmp_path, document))
+    port = serve(security)
+    context = client_context(pki)
+
+    ok = get(port, context, headers=basic("prometheus", PASSWORD))
+    assert ok.status == 200
+    assert ok.getheader("X-Content-Type-Options") == "nosniff"
+    assert ok.getheader("X-Frame-Options") == "deny"
+    assert get(port, context, headers=basic("grafana", PASSWORD)).status == 200
+
+    refusals = [
+        {},
+        basic("prometheus", "wrong"),
+        basic("nobody", PASSWORD),
+        basic("prometheus", PASSWORD + "x"),
+        basic("prometheus", "x" * 100),  # over bcrypt's 72 bytes
+        {"Authorization": "Basic not-base64!"},
+        {"Authorization": "Basic " + base64.b64encode(b"no-colon").decode()},
+        {"Authorization": "Bearer " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()},
+    ]
+    for headers in refusals:
+        for path in ("/metrics", "/", "/nope"):
+            refused = get(port, context, path, headers)
+            assert refused.status == 401, (headers, path)
+            assert refused.getheader("WWW-Authenticate") == 'Basic realm="netmon"'
+            assert refused.getheader("X-Frame-Options") == "deny"
+    # /healthz answers without credentials, for probes (docs/SECURITY.md).
+    assert get(port, context, "/healthz").status == 200
+
+
+def test_plain_http_against_the_tls_port_fails(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    port = serve(webconfig.load(write_config(tmp_path, {"tls_server_config": tls_section(pki)})))
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        connection.request("GET", "/metrics")
+        connection.getresponse()
+    connection.close()
+    # A client that does not trust the certificate refuses the server.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        get(port, ssl.create_default_context())
+    assert get(port, client_context(pki)).status == 200
+
+
+def test_min_version_tls13_refuses_a_tls12_client(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    document = {"tls_server_config": tls_section(pki, min_version="TLS13")}
+    port = serve(webconfig.load(write_config(tmp_path, document)))
+    old = client_context(pki)
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    with pytest.raises(ssl.SSLError):
+        get(port, old)
+    assert get(port, client_context(pki)).status == 200
+
+
+def refused(port: int, context: ssl.SSLContext) -> bool:
+    # With TLS 1.3 the client learns of a refused certificate on its first read.
+    try:
+        return get(port, context).status != 200
+    except (ssl.SSLError, ConnectionError, http.client.HTTPException):
+        return True
+
+
+def test_require_and_verify_client_cert(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    section = tls_section(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.ca_cert)
+    )
+    port = serve(webconfig.load(write_config(tmp_path, {"tls_server_config": section})))
+    assert get(port, client_context(pki, pki.client_cert, pki.client_key)).status == 200
+    assert refused(port, client_context(pki))
+    assert refused(port, client_context(pki, pki.rogue_cert, pki.rogue_key))
+
+
+def test_verify_client_cert_if_given(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    section = tls_section(
+        pki, client_auth_type="VerifyClientCertIfGiven", client_ca_file=str(pki.ca_cert)
+    )
+    port = serve(webconfig.load(write_config(tmp_path, {"tls_server_config": section})))
+    assert get(port, client_context(pki, pki.client_cert, pki.client_key)).status == 200
+    assert get(port, client_context(pki)).status == 200
+    assert refused(port, client_context(pki, pki.rogue_cert, pki.rogue_key))
+
+
+def test_a_silent_client_does_not_stall_other_handshakes(
+    pki: Pki, tmp_path: Path, serve: Any
+) -> None:
+    security = webconfig.load(write_config(tmp_path, {"tls_server_config": tls_section(pki)}))
+    port = serve(security, request_timeout=2.0)
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(5)]
+    try:
+        started = time.monotonic()
+        assert get(port, client_context(pki)).status == 200
+        assert time.monotonic() - started < 1.5  # not after the silent ones' 2 s timeout
+        # The server gives up on a client that never starts its handshake.
+        silent[0].settimeout(10)
+        assert silent[0].recv(1) == b""
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_relative_paths_are_taken_from_the_config_folder(pki: Pki, tmp_path: Path) -> None:
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    (folder / "tls.crt").write_bytes(pki.server_cert.read_bytes())
+    (folder / "tls.key").write_bytes(pki.server_key.read_bytes())
+    document = {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}}
+    assert webconfig.load(write_config(folder, document)).tls is not None
+
+
+# --- the credential cache
+
+
+def test_successful_checks_are_cached_and_failures_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[bytes] = []
+    real = bcrypt.checkpw
+
+    def counting(password: bytes, hashed: bytes) -> bool:
+        calls.append(password)
+        return real(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counting)
+    auth = BasicAuth({"prometheus": HASH})
+    header = basic("prometheus", PASSWORD)["Authorization"]
+    assert all(auth.check(header) for _ in range(50))
+    assert len(calls) == 1  # a scrape a second costs one bcrypt check, once
+    wrong = basic("prometheus", "guess")["Authorization"]
+    assert not any(auth.check(wrong) for _ in range(3))
+    assert len(calls) == 4  # every guess pays bcrypt
+    assert not auth.check(basic("nobody", PASSWORD)["Authorization"])
+    assert len(calls) == 5  # an unknown user costs a check too: timing does not tell
+
+    many = BasicAuth({f"user{i}": HASH for i in range(BasicAuth.CACHE_SIZE + 10)})
+    for i in range(BasicAuth.CACHE_SIZE + 10):
+        assert many.check(basic(f"user{i}", PASSWORD)["Authorization"])
+    assert len(many._cache) == BasicAuth.CACHE_SIZE
+
+
+def test_htpasswd_2y_hashes_are_accepted() -> None:
+    hashed = HASH.replace("$2b$", "$2y$", 1)
+    auth = webconfig.build(webconfig.parse({"basic_auth_users": {"a": hashed}}), Path("."))
+    assert auth.auth is not None
+    assert auth.auth.check(basic("a", PASSWORD)["Authorization"])
+
+
+# --- bad files: one line naming the field
+
+
+def bad_documents(pki: Pki, tmp_path: Path) -> list[tuple[dict[str, Any] | str, str]]:
+    missing = str(tmp_path / "missing.crt")
+    cert, key, rogue = str(pki.server_cert), str(pki.server_key), str(pki.rogue_key)
+    return [
+        ({"tls_server_config": {"cert_file": missing, "key_file": key}}, "cert_file"),
+        ({"tls_server_config": tls_section(pki, ciphers=["x"])}, "tls_server_config.ciphers"),
+        ({"tls_config": {}}, "tls_config: unknown setting"),
+        ({"basic_auth_users": {"alice": "plaintext"}}, "basic_auth_users.alice: not a bcrypt"),
+        ({"basic_auth_users": {"a:b": HASH}}, "basic_auth_users.a:b"),
+        ({"basic_auth_users": ["alice"]}, "basic_auth_users"),
+        ({"tls_server_config": tls_section(pki, cert="PEM")}, "tls_server_config.cert: inline"),
+        ({"tls_server_config": {"key_file": key}}, "tls_server_config.cert_file: Field required"),
+        (
+            {"tls_server_config": tls_section(pki, client_auth_type="RequireAnyClientCert")},
+            "tls_server_config.client_auth_type: RequireAnyClientCert does not verify",
+        ),
+        (
+            {"tls_server_config": tls_section(pki, client_auth_type="RequireAndVerifyClientCert")},
+            "tls_server_config.client_ca_file: required",
+        ),
+        (
+            {"tls_server_config": tls_section(pki, client_ca_file=str(pki.ca_cert))},
+            "tls_server_config.client_ca_file: set, but client_auth_type is NoClientCert",
+        ),
+        ({"tls_server_config": tls_section(pki, min_version="TLS11")}, "min_version: TLS 1.0"),
+        ({"tls_server_config": tls_section(pki, max_version="TLS14")}, "max_version"),
+        (
+            {"tls_server_config": tls_section(pki, min_version="TLS13", max_version="TLS12")},
+            "min_version: TLS13 is above max_version",
+        ),
+        (
+            {"tls_server_config": {"cert_file": str(pki.server_cert), "key_file": rogue}},
+            "tls_server_config.key_file: " + rogue + ": does not match the certificate",
+        ),
+        (
+            {"tls_server_config": {"cert_file": key, "key_file": key}},
+            "tls_server_config.cert_file: " + key + ": no PEM certificate in it",
+        ),
+        (
+            {"tls_server_config": {"cert_file": str(pki.server_cert), "key_file": cert}},
+            "tls_server_config.key_file: " + cert + ": no PEM private key in it",
+        ),
+        ({"http_server_config": {"http2": True}}, "http_server_config.http2: netmon serves"),
+        ({"http_server_config": {"headers": {"Set-Cookie": "a"}}}, "'Set-Cookie' cannot be set"),
+        (
+            {"http_server_config": {"headers": {"X-Frame-Options": "allow"}}},
+            "http_server_config.headers: header X-Frame-Options: use one of deny, sameorigin",
+        ),
+        ({"rate_limit": {"interval": "1s", "burst": 2}}, "rate_limit: not supported"),
+        ("tls_server_config: [unclosed", "not valid YAML"),
+        ("- a list", "the top level must be a mapping"),
+        ("a: !!int x", "not valid YAML"),
+    ]
+
+
+def test_bad_files_give_one_line_naming_the_field(pki: Pki, tmp_path: Path) -> None:
+    for number, (document, expected) in enumerate(bad_documents(pki, tmp_path)):
+        path = tmp_path / f"bad{number}.yml"
+        path.write_text(document if isinstance(document, str) else yaml.safe_dump(document))
+        with pytest.raises(UsageError) as caught:
+            webconfig.load(path)
+        message = str(caught.value)
+        assert message.startswith(f"--web-config {path}: "), message
+        assert expected in message, (expected, message)
+        assert "\n" not in message
+    missing = tmp_path / "absent.yml"
+    with pytest.raises(UsageError, match=r"--web-config .*absent\.yml: cannot read"):
+        webconfig.load(missing)
+    # An empty file is valid and changes nothing, as with exporter-toolkit.
+    empty = tmp_path / "empty.yml"
+    empty.write_text("")
+    assert webconfig.load(empty) == WebSecurity()
+
+
+def test_an_encrypted_key_is_refused_without_a_prompt(pki: Pki, tmp_path: Path) -> None:
+    key = tmp_path / "encrypted.key"
+    openssl(
+        "pkey", "-in", pki.server_key, "-aes256", "-passout", "pass:secret", "-out", key
+    )  # fmt: skip
+    document = {"tls_server_config": {"cert_file": str(pki.server_cert), "key_file": str(key)}}
+    with pytest.raises(UsageError, match=r"key_file: .*encrypted private keys are not supported"):
+        webconfig.load(write_config(tmp_path, document))
+
+
+def test_secrets_are_not_echoed_in_errors(pki: Pki, tmp_path: Path) -> None:
+    document = {"tls_server_config": tls_section(pki, key="-----BEGIN PRIVATE KEY-----SECRET")}
+    with pytest.raises(UsageError) as caught:
+        webconfig.load(write_config(tmp_path, document))
+    assert "SECRET" not in str(caught.value)
+    with pytest.raises(UsageError) as caught:
+        webconfig.load(write_config(tmp_path, {"basic_auth_users": {"a": "hunter2"}}))
+    assert "hunter2" not in str(caught.value)
+
+
+def test_serve_exits_2_with_one_line_for_a_bad_web_config(pki: Pki, tmp_path: Path) -> None:
+    config = write_config(tmp_path, fast_config(tmp_path), "netmon.yml")
+    cases = {
+        "cert_file": {"tls_server_config": tls_section(pki, cert_file=str(tmp_path / "none"))},
+        "basic_auth_users.alice": {"basic_auth_users": {"alice": "$2b$10$short"}},
+        "tls_server_config.client_authtype": {"tls_server_config": tls_section(
+            pki, client_authtype="RequireAndVerifyClientCert")},
+    }  # fmt: skip
+    for field, document in cases.items():
+        web = write_config(tmp_path, document, f"{field}.yml")
+        done = subprocess.run(
+            [sys.executable, "-m", "netmon", "serve", "--config", config, "--web-config", web],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.split("\n")[:-1]
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("netmon: --web-config ") and field in lines[0], lines
+        assert "Traceback" not in done.stderr
+
+
+# --- the daemon end to end
+
+
+def test_daemon_serves_metrics_over_tls_with_basic_auth(pki: Pki, tmp_path: Path) -> None:
+    config = write_config(tmp_path, fast_config(tmp_path), "netmon.yml")
+    web = write_config(
+        tmp_path, {"tls_server_config": tls_section(pki), "basic_auth_users": {"prom": HASH}}
+    )
+    log_path = tmp_path / "daemon.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "netmon", "serve", "--config", config, "--web-config", web],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def listening() -> str | None:
+            if proc.poll() is not None:
+                raise AssertionError(f"daemon exited {proc.returncode}: {log_path.read_text()}")
+            match = _SERVING.search(log_path.read_text())
+            return match.group(1) if match else None
+
+        port = int(wait_for(listening, 60, "the daemon to listen"))
+        assert f"listen=https://127.0.0.1:{port}/metrics" in log_path.read_text()
+        context = client_context(pki)
+        assert get(port, context).status == 401
+        assert get(port, context, "/healthz").status == 200
+
+        def scraped_runs() -> bool:
+            connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+            connection.request("GET", "/metrics", headers=basic("prom", PASSWORD))
+            response = connection.getresponse()
+            text = response.read().decode()
+            connection.close()
+            assert response.status == 200
+            return "netmon_probe_runs_total{probe=" in text and "netmon_build_info" in text
+
+        wait_for(scraped_runs, 30, "an authenticated scrape over TLS", poll=0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_concurrent_authenticated_scrapes(pki: Pki, tmp_path: Path, serve: Any) -> None:
+    document = {"tls_server_config": tls_section(pki), "basic_auth_users": {"p": HASH}}
+    port = serve(webconfig.load(write_config(tmp_path, document)))
+    context = client_context(pki)
+    statuses: list[int] = []
+    lock = threading.Lock()
+
+    def scrape() -> None:
+        status = get(port, context, headers=basic("p", PASSWORD)).status
+        with lock:
+            statuses.append(status)
+
+    threads = [threading.Thread(target=scrape) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert statuses == [200] * 20
