@@ -80,7 +80,11 @@ class DaemonProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        self.port = int(wait_for(self._port, 60, "the daemon to listen"))
+        try:
+            self.port = int(wait_for(self._port, 60, "the daemon to listen"))
+        except BaseException:
+            self.kill_all()  # never leave a daemon running behind a failed start
+            raise
 
     def _port(self) -> str | None:
         if self.proc.poll() is not None:
