@@ -272,7 +272,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "--web-config: basic_auth_users without tls_server_config: passwords cross the "
                 "network in clear text"
             )
-    return int(Daemon(config, idle_source=source, web=web).serve_forever())
+
+    def reload() -> Any:
+        return _load_daemon_config(args)[0]
+
+    return int(Daemon(config, idle_source=source, web=web, loader=reload).serve_forever())
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:

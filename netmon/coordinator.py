@@ -74,6 +74,12 @@ class Coordinator:
             ),
         ]
 
+    def reconfigure(self, config: NetmonConfig) -> None:
+        self.config = config
+        self.probes = {p.name: p for p in config.probes or () if p.scope != "local"}
+        for name in self.probes:
+            self._next_due.setdefault(name, time.monotonic() + 2.0)
+
     def start(self) -> None:
         self._refresh_members()
         for thread in self._threads:

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -36,6 +37,17 @@ from netmon.webconfig import WebSecurity
 log = logging.getLogger("netmon.daemon")
 
 SHUTDOWN_GRACE_S = 8.0
+# Settings a running daemon cannot take on a reload: its socket, state, ranks and group.
+RESTART_FIELDS = (
+    "listen",
+    "state_dir",
+    "backend",
+    "ranks",
+    "devices",
+    "group",
+    "rank_python",
+    "topology_file",
+)
 FIRST_RUN_DELAY_S = 1.0
 
 
@@ -99,8 +111,11 @@ class Daemon:
         config: NetmonConfig,
         idle_source: idle.IdleSource | None = None,
         web: WebSecurity | None = None,
+        loader: Callable[[], NetmonConfig] | None = None,
     ) -> None:
         self.config = config
+        self.loader = loader  # how SIGHUP reads the configuration again
+        self.reload_requested = threading.Event()
         self.stopping = threading.Event()
         state_path = _state_path(config)
         book = baseline.BaselineBook(config.baseline)
@@ -141,16 +156,21 @@ class Daemon:
     def _scheduler(self) -> BackgroundScheduler:
         probes = self.config.probes or ()
         scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(max(1, len(probes)))},
+            # Room for probes a reload adds; the device locks keep them from overlapping.
+            executors={"default": ThreadPoolExecutor(max(4, len(probes)))},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
         )
         # A run that comes due while the previous one still runs is dropped by APScheduler
         # (max_instances=1); count it, as every skip is counted.
         scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
+        self._add_jobs(scheduler, self.config)
+        return scheduler
+
+    def _add_jobs(self, scheduler: BackgroundScheduler, config: NetmonConfig) -> None:
         now = time.time()
         # Group probes are scheduled by the group's leader (netmon.coordinator), not here.
-        probes = tuple(p for p in probes if p.scope == "local")
+        probes = tuple(p for p in config.probes or () if p.scope == "local")
         for number, probe in enumerate(probes):
             scheduler.add_job(
                 self.runner.run,
@@ -163,7 +183,30 @@ class Daemon:
                 # Staggered first runs, so the node's first numbers arrive within seconds.
                 next_run_time=_utc(now + FIRST_RUN_DELAY_S + number * 0.5),
             )
-        return scheduler
+
+    def reload(self) -> bool:
+        """SIGHUP: take the configuration again; on any error keep the old one, log, count."""
+        if self.loader is None:
+            return False
+        try:
+            new = self.loader()
+            changed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.config, f)]
+            if changed:
+                raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
+        except UsageError as exc:
+            log.error("configuration reload failed, keeping the running one: %s", exc)
+            self.results.reloaded(False)
+            return False
+        self.config = new
+        self.runner.reconfigure(new)
+        self.results.reconfigure(new)
+        self.scheduler.remove_all_jobs()
+        self._add_jobs(self.scheduler, new)
+        if self.coordinator is not None:
+            self.coordinator.reconfigure(new)
+        self.results.reloaded(True)
+        event(log, "configuration reloaded", probes=", ".join(p.name for p in new.probes or ()))
+        return True
 
     def _overrun(self, submission: JobSubmissionEvent) -> None:
         self.results.skip(str(submission.job_id), "still_running")
@@ -238,11 +281,17 @@ class Daemon:
             log.info("received %s: stopping", signal.Signals(signum).name)
             self.stopping.set()
 
+        def on_hangup(_signum: int, _frame: FrameType | None) -> None:
+            self.reload_requested.set()  # the work happens on the main loop, not in a handler
+
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hangup)
         self.start()
-        while not self.stopping.wait(1.0):
-            pass
+        while not self.stopping.wait(0.5):
+            if self.reload_requested.is_set():
+                self.reload_requested.clear()
+                self.reload()
         self.stop()
         return 0
 

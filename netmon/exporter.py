@@ -169,6 +169,8 @@ class Snapshot:
     group: Any = None  # netmon.results.GroupView
     peers: tuple[PeerPoint, ...] = ()
     peer_verdicts: Mapping[str, PeerVerdict] = field(default_factory=dict)
+    # (last reload successful, failed reloads, when the configuration was last loaded)
+    config_reload: tuple[bool, int, float] = (True, 0, 0.0)
 
 
 def _interval_text(snapshot: Snapshot) -> str:
@@ -206,6 +208,22 @@ class SnapshotCollector:
         )
         build.add_metric([snapshot.build.get(k, "") for k in ("version", "torch", "nccl")], 1.0)
         yield build
+        ok, failures, loaded_at = snapshot.config_reload
+        reload_ok = GaugeMetricFamily(
+            "netmon_config_last_reload_successful",
+            "1 if the last configuration reload (SIGHUP) succeeded",
+        )
+        reload_ok.add_metric([], 1.0 if ok else 0.0)
+        reload_failed = CounterMetricFamily(
+            "netmon_config_reload_failures", "Configuration reloads refused (the old one stayed)"
+        )
+        reload_failed.add_metric([], float(failures))
+        reload_at = GaugeMetricFamily(
+            "netmon_config_last_reload_success_timestamp_seconds",
+            "When the running configuration was loaded",
+        )
+        reload_at.add_metric([], loaded_at)
+        yield from (reload_ok, reload_failed, reload_at)
         started = GaugeMetricFamily("netmon_start_time_seconds", "When the daemon started")
         started.add_metric([], snapshot.started_at)
         yield started

@@ -86,6 +86,9 @@ class Results:
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: Any = None
         self._group: GroupView | None = None
+        self._reload_ok = True
+        self._reload_failures = 0
+        self._reloaded_at = time.time()
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self.state_write_errors = 0
@@ -99,26 +102,48 @@ class Results:
 
     def skip(self, probe: str, reason: str) -> None:
         with self._lock:
-            tally = self._tallies[probe]
+            tally = self._tally(probe)
             tally.skips[reason] = tally.skips.get(reason, 0) + 1
             self._snapshot = self._build_snapshot()
 
     def failed_internally(self, probe: str) -> None:
         """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
         with self._lock:
-            tally = self._tallies[probe]
+            tally = self._tally(probe)
             tally.failures["internal"] = tally.failures.get("internal", 0) + 1
             tally.last_run = time.time()
             self._snapshot = self._build_snapshot()
 
     def started(self, probe: str) -> None:
         with self._lock:
-            self._tallies[probe].runs += 1
+            self._tally(probe).runs += 1
             self._snapshot = self._build_snapshot()
 
     def set_topology(self, pairs: Sequence[tuple[int, int, str]]) -> None:
         with self._lock:
             self._topology = tuple(pairs)
+            self._snapshot = self._build_snapshot()
+
+    def _tally(self, probe: str) -> _Tally:
+        # A run of a probe that a reload removed may still end: count it, then let it go.
+        return self._tallies.setdefault(probe, _Tally())
+
+    def reconfigure(self, config: NetmonConfig) -> None:
+        """A reloaded configuration: new probes start counting, removed ones disappear."""
+        with self._lock:
+            self._config = config
+            names = {p.name for p in config.probes or ()}
+            self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
+            self._points = {k: v for k, v in self._points.items() if k[0] in names}
+            self._snapshot = self._build_snapshot()
+
+    def reloaded(self, ok: bool) -> None:
+        with self._lock:
+            self._reload_ok = ok
+            if ok:
+                self._reloaded_at = time.time()
+            else:
+                self._reload_failures += 1
             self._snapshot = self._build_snapshot()
 
     def set_group(self, view: GroupView) -> None:
@@ -157,7 +182,7 @@ class Results:
 
     def _account(self, probe: str, outcome: ProbeOutcome, now: float) -> None:
         """Cost, memory, versions, transports and the failure reason of one launched probe."""
-        tally = self._tallies[probe]
+        tally = self._tally(probe)
         tally.last_run = now
         tally.busy_seconds += outcome.wall_s * max(len(outcome.spec.devices), outcome.spec.ranks)
         if outcome.peak_device_memory_bytes is not None:
@@ -187,10 +212,10 @@ class Results:
         with self._lock:
             now = time.time()
             self._account(probe.name, outcome, now)
-            self._tallies[probe.name].duration_s = outcome.wall_s
+            self._tally(probe.name).duration_s = outcome.wall_s
             self._note_transports(probe.name, path, outcome)
             if outcome.failure is None:
-                self._tallies[probe.name].last_success = now
+                self._tally(probe.name).last_success = now
                 if export:
                     verdicts = self._learn(probe, outcome, now, path)
             self._snapshot = self._build_snapshot()
@@ -211,7 +236,7 @@ class Results:
             for item in results:
                 self._account(probe.name, item.outcome, now)
                 self._note_transports(probe.name, item.path, item.outcome)
-            tally = self._tallies[probe.name]
+            tally = self._tally(probe.name)
             tally.duration_s = duration_s
             if results and all(item.outcome.ok for item in results):
                 tally.last_success = now
@@ -259,7 +284,7 @@ class Results:
     def _build_snapshot(self) -> Snapshot:
         probes = {}
         for probe in self._config.probes or ():
-            tally = self._tallies[probe.name]
+            tally = self._tally(probe.name)
             probes[probe.name] = ProbeStats(
                 runs=tally.runs,
                 failures=dict(tally.failures),
@@ -304,6 +329,7 @@ class Results:
             group=self._group,
             peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
             peer_verdicts=dict(self._peer_verdicts),
+            config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
         )
 
 

@@ -130,6 +130,10 @@ class ProbeRunner:
         # checked at every launcher poll, as a stat is cheap).
         self.foreign_check_s = 1.0
 
+    def reconfigure(self, config: NetmonConfig) -> None:
+        self.config = config
+        self._probes = {p.name: p for p in config.probes or ()}
+
     def paused(self) -> bool:
         pause = self.config.pause_file
         return bool(pause and pause.exists())

@@ -1,0 +1,67 @@
+"""SIGHUP reloads the configuration; a bad file is refused, logged and counted: the old stays."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.daemon_harness import DaemonProcess, fast_config, wait_until
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    process = DaemonProcess(tmp_path, fast_config(tmp_path))
+    try:
+        yield process
+    finally:
+        if process.proc.poll() is None:
+            process.kill_all()
+
+
+def runs(daemon: DaemonProcess, probe: str) -> float:
+    return daemon.value("netmon_probe_runs_total", probe=probe) or 0.0
+
+
+def hangup(daemon: DaemonProcess) -> None:
+    daemon.proc.send_signal(signal.SIGHUP)
+
+
+def test_a_bad_reload_keeps_the_old_configuration_and_a_good_one_applies(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    wait_until(lambda: runs(daemon, "small") >= 1, 60, "a first run")
+    good = yaml.safe_load(daemon.config_path.read_text())
+
+    daemon.config_path.write_text("probes:\n  - name: small\n    sizes: [8]\n    interval: soon\n")
+    hangup(daemon)
+    wait_until(
+        lambda: daemon.value("netmon_config_reload_failures_total") == 1.0,
+        20,
+        "the refused reload to be counted",
+    )
+    assert daemon.value("netmon_config_last_reload_successful") == 0.0
+    assert "configuration reload failed" in daemon.log() and "probes[0].interval" in daemon.log()
+    before = runs(daemon, "small")
+    wait_until(lambda: runs(daemon, "small") > before, 30, "the old configuration to go on")
+
+    moved = {**good, "listen": "127.0.0.1:1"}
+    daemon.config_path.write_text(yaml.safe_dump(moved))
+    hangup(daemon)
+    wait_until(
+        lambda: daemon.value("netmon_config_reload_failures_total") == 2.0,
+        20,
+        "a listen change to be refused",
+    )
+    assert "needs a restart" in daemon.log()
+
+    extra = {"name": "extra", "sizes": ["4K"], "interval": "1s", "iters": 2, "warmup": 0}
+    daemon.config_path.write_text(yaml.safe_dump({**good, "probes": [*good["probes"], extra]}))
+    hangup(daemon)
+    wait_until(lambda: runs(daemon, "extra") >= 1, 60, "the added probe to run")
+    assert daemon.value("netmon_config_last_reload_successful") == 1.0
+    assert daemon.stop() == 0
+    assert daemon.tagged_processes() == []
