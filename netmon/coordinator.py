@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -168,31 +168,8 @@ class Coordinator:
         self.link.set(self.me, prefix + "plan", json.dumps({"probe": probe.name}))
         spec = spec_for(probe, self.config)
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            ready = {self.me: self._readiness(probe, got)}
-            deadline = time.monotonic() + self.group.ready_timeout
-            missing = []
-            for member in self.group.members:
-                if member == self.me:
-                    continue
-                try:
-                    left = max(0.1, deadline - time.monotonic())
-                    ready[member] = json.loads(
-                        self.link.get(self.me, prefix + f"ready/{member}", left)
-                    )
-                except (GroupError, ValueError):
-                    missing.append(member)
-            if missing:
-                self._cancel(
-                    prefix,
-                    probe,
-                    "member_absent",
-                    f"{', '.join(missing)} did not answer round {epoch}",
-                )
-                return
-            busy = {m: r.get("reason", "gpu_unknown") for m, r in ready.items() if not r["idle"]}
-            if busy:
-                member, reason = sorted(busy.items())[0]
-                self._cancel(prefix, probe, reason, f"{member} cannot take part: {reason}")
+            ready = self._gather_ready(probe, prefix, epoch, self.group.members, got)
+            if ready is None:
                 return
             world = lay_out(self.group.members, {m: int(r["ranks"]) for m, r in ready.items()})
             devices = [str(d) for m in world.members for d in ready[m].get("devices", [])]
@@ -252,33 +229,8 @@ class Coordinator:
         spec = spec_for(probe, self.config)
         mine: float | None = None
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            ready: dict[str, dict[str, Any]] = {}
-            if self.me in participants:
-                ready[self.me] = self._readiness(probe, got)
-            missing = []
-            deadline = time.monotonic() + self.group.ready_timeout
-            for member in participants:
-                if member == self.me:
-                    continue
-                try:
-                    left = max(0.1, deadline - time.monotonic())
-                    ready[member] = json.loads(
-                        self.link.get(self.me, prefix + f"ready/{member}", left)
-                    )
-                except (GroupError, ValueError):
-                    missing.append(member)
-            if missing:
-                self._cancel(
-                    prefix,
-                    probe,
-                    "member_absent",
-                    f"{', '.join(missing)} did not answer round {epoch}",
-                )
-                return None
-            busy = {m: r.get("reason", "gpu_unknown") for m, r in ready.items() if not r["idle"]}
-            if busy:
-                member, reason = sorted(busy.items())[0]
-                self._cancel(prefix, probe, reason, f"{member} cannot take part: {reason}")
+            ready = self._gather_ready(probe, prefix, epoch, participants, got)
+            if ready is None:
                 return None
             worlds = [lay_out(pair, {m: int(ready[m]["ranks"]) for m in pair}) for pair in pairs]
             devices_of = {m: [str(d) for d in r.get("devices", [])] for m, r in ready.items()}
@@ -377,6 +329,35 @@ class Coordinator:
             busbw_gbps=round(value / 1e9, 4) if value else None,
         )
         return value
+
+    def _gather_ready(
+        self, probe: ProbeConfig, prefix: str, epoch: int, members: Sequence[str], got_lock: bool
+    ) -> dict[str, dict[str, Any]] | None:
+        """Every member's readiness within ready_timeout; None (skip written) if any is missing
+        or cannot take part."""
+        ready: dict[str, dict[str, Any]] = {}
+        if self.me in members:
+            ready[self.me] = self._readiness(probe, got_lock)
+        missing = []
+        deadline = time.monotonic() + self.group.ready_timeout
+        for member in members:
+            if member == self.me:
+                continue
+            try:
+                left = max(0.1, deadline - time.monotonic())
+                ready[member] = json.loads(self.link.get(self.me, prefix + f"ready/{member}", left))
+            except (GroupError, ValueError):
+                missing.append(member)
+        if missing:
+            detail = f"{', '.join(missing)} did not answer round {epoch}"
+            self._cancel(prefix, probe, "member_absent", detail)
+            return None
+        busy = {m: r.get("reason", "gpu_unknown") for m, r in ready.items() if not r["idle"]}
+        if busy:
+            member, reason = sorted(busy.items())[0]
+            self._cancel(prefix, probe, reason, f"{member} cannot take part: {reason}")
+            return None
+        return ready
 
     def _cancel(self, prefix: str, probe: ProbeConfig, reason: str, detail: str) -> None:
         with contextlib.suppress(GroupError):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Sequence
 
 import pytest
 
@@ -24,14 +23,40 @@ def require_root() -> None:
         pytest.fail("network namespace tests need root (CI and the dev machines run as root)")
 
 
-class Namespaces:
-    def __init__(self, members: int, net: int = 231) -> None:
+class _Spaces:
+    """Namespaces this test made, each with a tag, and their removal."""
+
+    def __init__(self) -> None:
         require_root()
         self.tag = uuid.uuid4().hex[:6]
+        self._created: list[str] = []
+
+    def _add(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._created.append(name)
+
+    def remove(self) -> None:
+        for name in reversed(self._created):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        self._created.clear()
+
+    def existing(self) -> list[str]:
+        listed = subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
+        ).stdout
+        return [
+            line.split()[0]
+            for line in listed.splitlines()
+            if line.split() and self.tag in line.split()[0]
+        ]
+
+
+class Namespaces(_Spaces):
+    def __init__(self, members: int, net: int = 231) -> None:
+        super().__init__()
         self.net = net
         self.bridge_ns = f"nmb{self.tag}"
         self.names = [f"nm{self.tag}-{i}" for i in range(members)]
-        self._created: list[str] = []
         try:
             self._build()
         except BaseException:
@@ -42,8 +67,7 @@ class Namespaces:
         return f"10.{self.net}.0.1{member}"
 
     def _build(self) -> None:
-        _ip("netns", "add", self.bridge_ns)
-        self._created.append(self.bridge_ns)
+        self._add(self.bridge_ns)
         _ip("-n", self.bridge_ns, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.bridge_ns, "link", "set", "br0", "up")
         for member, name in enumerate(self.names):
@@ -108,35 +132,17 @@ class Namespaces:
                 timeout=30,
             )
 
-    def remove(self) -> None:
-        for name in reversed(self._created):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        self._created.clear()
 
-    def existing(self) -> Sequence[str]:
-        listed = subprocess.run(
-            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
-        ).stdout
-        return [
-            line.split()[0]
-            for line in listed.splitlines()
-            if line.split() and self.tag in line.split()[0]
-        ]
-
-
-class Link:
+class Link(_Spaces):
     """Two namespaces joined by one veth pair: two hosts and the cable between them."""
 
     def __init__(self, net: int = 233) -> None:
-        require_root()
-        self.tag = uuid.uuid4().hex[:6]
+        super().__init__()
         self.names = [f"nl{self.tag}-a", f"nl{self.tag}-b"]
         self.addresses = [f"10.{net}.0.1", f"10.{net}.0.2"]
-        self._created: list[str] = []
         try:
             for name in self.names:
-                _ip("netns", "add", name)
-                self._created.append(name)
+                self._add(name)
             _ip(
                 "-n",
                 self.names[0],
@@ -184,18 +190,3 @@ class Link:
                 capture_output=True,
                 timeout=30,
             )
-
-    def remove(self) -> None:
-        for name in reversed(self._created):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        self._created.clear()
-
-    def existing(self) -> list[str]:
-        listed = subprocess.run(
-            ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
-        ).stdout
-        return [
-            line.split()[0]
-            for line in listed.splitlines()
-            if line.split() and self.tag in line.split()[0]
-        ]
