@@ -200,3 +200,29 @@ def test_three_daemons_form_a_group_survive_members_and_hand_over(group3: Group)
     for member in (second, third):
         assert daemons[member].stop() == 0
         assert daemons[member].tagged_processes() == []
+
+
+@pytest.fixture
+def group2(tmp_path: Path) -> Iterator[Group]:
+    group = Group(tmp_path, 2)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def test_two_daemons_form_a_group_and_export_cross_node_busbw_once(group2: Group) -> None:
+    first, second = sorted(group2.members)
+    daemons = {member: group2.start(member) for member in group2.members}
+    wait_until(
+        lambda: all(up(d, m) == 1.0 for d in daemons.values() for m in group2.members),
+        60,
+        "both members to see each other",
+    )
+    assert wait_until(lambda: group_busbw(daemons[first]), 90, "a cross-node round") > 0
+    assert group_busbw(daemons[second]) is None
+    daemons[second].kill_all()
+    wait_until(lambda: up(daemons[first], second) == 0.0, 20, "the follower to be absent")
+    assert daemons[first].get("/healthz").strip() == "ok"
+    assert daemons[first].stop() == 0
+    assert daemons[first].tagged_processes() == []
