@@ -13,13 +13,16 @@ SOAK = Path(__file__).resolve().parent.parent / "bench" / "soak.py"
 def test_a_minute_of_one_second_probes_grows_nothing() -> None:
     done = subprocess.run(
         [sys.executable, str(SOAK), "--minutes", "1", "--every", "5", "--warmup", "15"],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["counters"]["runs"] >= 5, report["counters"]
     assert report["daemon_exit_status"] == 0
-    assert report["within_bounds"] == dict.fromkeys(report["bounds"], True), (
-        report["growth_after_warmup"])
+    assert report["within_bounds"] == dict.fromkeys(report["bounds"], True), report[
+        "growth_after_warmup"
+    ]
     assert report["passed"]
     assert len(report["samples"]) >= 10
