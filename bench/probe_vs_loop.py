@@ -5,8 +5,10 @@ side is `plain_rank` below: its own TCPStore and process group, then per sample 
 time.perf_counter around ONE op (and, as a reference for netmon's default timing, around `batch`
 back-to-back ops); each rank prints its samples and medians as one JSON line. This machine is
 noisy, so the sides alternate (A B, B A, ...) over several rounds and each size is judged by the
-median of the per-round ratios netmon / plain, quoted with their range. The probe's fixed cost is
-a whole `netmon probe` CLI run, timed from outside, minus its time inside timed collectives.
+median of the per-round ratios netmon / plain, quoted with their range and an interval for that
+median: a verdict whose interval straddles the tolerance is reported as inconclusive. The probe's
+fixed cost is a whole `netmon probe` CLI run, timed from outside, minus its time inside timed
+collectives.
 
     python bench/probe_vs_loop.py [--rounds N] [--quick]
 
@@ -19,8 +21,10 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
+import resource
 import signal
 import socket
 import statistics
@@ -275,6 +279,27 @@ def run_cli(sizes: Sequence[int]) -> dict[str, float]:
     }
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU time the whole machine spent busy, CPU time of this process and its reaped children).
+
+    Their difference over a round is work by other processes: the noise this round ran in.
+    Steal time counts as busy: the hypervisor ran someone else on our CPU.
+    """
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    busy = sum(fields[:3]) + sum(fields[5:8])
+    own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return busy / os.sysconf("SC_CLK_TCK"), sum(u.ru_utime + u.ru_stime for u in own)
+
+
+def foreign_share(start: float, busy: float, own: float) -> float:
+    """CPU seconds other processes used since `start`, per second: 0 is a quiet machine."""
+    busy_now, own_now = cpu_seconds()
+    elapsed = time.monotonic() - start
+    return max(0.0, (busy_now - busy) - (own_now - own)) / elapsed if elapsed > 0 else 0.0
+
+
 def stats(values: Sequence[float]) -> Stats:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -283,8 +308,29 @@ def busbw(size: int, seconds: float) -> float:
     return size / seconds * BUS_FACTOR
 
 
+def median_interval(
+    values: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """A distribution-free interval for the median: (low, high, its actual coverage).
+
+    The k-th smallest and k-th largest values bound the median with probability
+    1 - 2 P(Binomial(n, 1/2) < k); k is the largest that keeps at least `confidence`.
+    """
+    ordered, n = sorted(values), len(values)
+
+    def below(k: int) -> float:  # P(Binomial(n, 1/2) <= k)
+        return sum(math.comb(n, i) for i in range(k + 1)) / (1 << n)
+
+    k = 1
+    while k + 1 <= n - k and 2 * below(k) <= 1 - confidence:
+        k += 1
+    return ordered[k - 1], ordered[n - k], 1 - 2 * below(k - 1)
+
+
 def ratio_stats(numerators: Sequence[float], denominators: Sequence[float]) -> Stats:
-    return stats([n / d for n, d in zip(numerators, denominators, strict=True)])
+    ratios = [n / d for n, d in zip(numerators, denominators, strict=True)]
+    low, high, coverage = median_interval(ratios)
+    return {**stats(ratios), "ci_low": low, "ci_high": high, "ci_coverage": coverage}
 
 
 def one_round(number: int, sizes: Sequence[int], iters: int, batched_iters: int) -> dict[str, Any]:
@@ -296,12 +342,18 @@ def one_round(number: int, sizes: Sequence[int], iters: int, batched_iters: int)
     # Alternate who goes first, so a drift of the machine does not favour one side.
     if number % 2:
         sides.reverse()
+    start, (busy, own) = time.monotonic(), cpu_seconds()
     runs = {}
     for name, run in sides:
         runs[name] = run()
         log(f"round {number + 1}: {name} done in {runs[name]['wall_s']:.2f} s")
     plain, per_op, batched = runs["plain"], runs["netmon_per_op"], runs["netmon_batched"]
-    result: dict[str, Any] = {"order": [name for name, _ in sides], "sizes": {}}
+    result: dict[str, Any] = {
+        "order": [name for name, _ in sides],
+        # Other processes' CPU seconds per second of this round (the machine has cpu_count()).
+        "foreign_cpu_share": foreign_share(start, busy, own),
+        "sizes": {},
+    }
     for size in sizes:
         key = str(size)
         slower_median, per_sample_max = plain_times(plain, size)
@@ -376,6 +428,9 @@ def targets(by_size: dict[int, dict[str, Any]], timing: str) -> list[dict[str, A
         if size not in by_size:
             continue
         ratio = by_size[size]["ratios"][timing][metric]
+        low, high = ratio["ci_low"], ratio["ci_high"]
+        inside = 1 - tolerance <= low and high <= 1 + tolerance
+        outside = high < 1 - tolerance or low > 1 + tolerance
         checks.append(
             {
                 "name": name,
@@ -386,6 +441,11 @@ def targets(by_size: dict[int, dict[str, Any]], timing: str) -> list[dict[str, A
                 "min_ratio": ratio["min"],
                 "max_ratio": ratio["max"],
                 "met": abs(ratio["median"] - 1.0) <= tolerance,
+                # The interval for the median ratio: when it lies wholly inside or wholly
+                # outside 1 +- tolerance, more rounds would not change the verdict.
+                "median_interval": [ratio["ci_low"], ratio["ci_high"]],
+                "interval_coverage": ratio["ci_coverage"],
+                "conclusive": inside or outside,
             }
         )
     return checks
@@ -460,6 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Other work on the machine skews both sides; interleaving spreads it, not removes it.
             "loadavg_1m_before": load_before[0],
             "loadavg_1m_after": os.getloadavg()[0],
+            # Per round: CPU seconds used by other processes per second (0 is quiet).
+            "foreign_cpu_share_per_round": stats([r["foreign_cpu_share"] for r in rounds]),
         },
         "setup": {
             "backend": "gloo",
@@ -483,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "targets_timing": "per_op",
         "targets": checks,
         "targets_met": all(check["met"] for check in checks),
+        "targets_conclusive": all(check["conclusive"] for check in checks),
         "batched_against_targets": targets(by_size, "batched"),
         "sizes": [by_size[size] for size in sizes],
         "fixed_cost": {
@@ -500,9 +563,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(json.dumps(document, indent=2))
     for check in checks:
         verdict = "met" if check["met"] else "NOT met"
+        low, high = check["median_interval"]
+        sure = "" if check["conclusive"] else " (inconclusive: the interval straddles the band)"
         log(
             f"{check['name']}: median ratio {check['median_ratio']:.3f} "
-            f"[{check['min_ratio']:.3f}, {check['max_ratio']:.3f}], target {verdict}"
+            f"[{check['min_ratio']:.3f}, {check['max_ratio']:.3f}], "
+            f"{check['interval_coverage']:.0%} interval for the median [{low:.3f}, {high:.3f}]: "
+            f"target {verdict}{sure}"
         )
     return 0
 

@@ -29,6 +29,7 @@ def test_quick_single_round_prints_a_complete_document() -> None:
     assert "round 1" in done.stderr  # progress goes to stderr
 
     assert doc["setup"]["rounds"] == 1 and doc["setup"]["ranks"] == 2
+    assert doc["machine"]["foreign_cpu_share_per_round"]["median"] >= 0
     assert [entry["size_bytes"] for entry in doc["sizes"]] == [8, 1 << 20, 16 << 20]
     for entry in doc["sizes"]:
         for side in SIDES:
@@ -41,6 +42,9 @@ def test_quick_single_round_prints_a_complete_document() -> None:
     assert [t["name"] for t in doc["targets"]] == ["busbw_16MiB", "latency_8B"]
     for target in doc["targets"]:
         assert target["median_ratio"] > 0 and isinstance(target["met"], bool)
+        low, high = target["median_interval"]
+        assert 0 < low <= target["median_ratio"] <= high
+        assert isinstance(target["conclusive"], bool)
     assert doc["targets_met"] == all(t["met"] for t in doc["targets"])
 
     fixed = doc["fixed_cost"]
