@@ -235,7 +235,10 @@ class Collective:
             spec.dtype
         ]
         self.dtype = dtype
-        self.send = torch.ones(in_count, dtype=dtype, device=device)
+        # Timed ops run on zeros: all_reduce sums in place, so any other value is multiplied by
+        # the world size on every op and overflows to inf (float32 after 128 ops at 2 ranks,
+        # float16 after 16, sooner at more ranks); a benchmark must not time inf/NaN arithmetic.
+        self.send = torch.zeros(in_count, dtype=dtype, device=device)
         self.recv = torch.zeros(out_count, dtype=dtype, device=device)
         self.payload = bytes([rank % 256]) * (in_count * self.send.element_size())
         self.objects: list[Any] = [None] * self.world
@@ -274,6 +277,13 @@ class Collective:
             request.wait()
 
     def verify(self) -> bool:
+        ok = self._verify()
+        # The check leaves known nonzero values behind; any op timed after it would grow them.
+        self.send.zero_()
+        self.recv.zero_()
+        return ok
+
+    def _verify(self) -> bool:
         torch, n, r = self.torch, self.world, self.rank
         op = self.spec.op
         if op == "all_gather_object":
