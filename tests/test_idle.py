@@ -2,12 +2,12 @@
 
 tests/fixtures/recorded_idle_2gpu.json is SYNTHETIC: written by hand in the shape NvmlSource reads
 a 2-GPU node (this machine has no GPU to record from). NvmlSource itself is driven through a
-stand-in pynvml whose every call is checked against the installed module's real signatures.
+stand-in pynvml (tests/fake_nvml.py) whose every call is checked against the installed module's
+real signatures.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +32,7 @@ from netmon.idle import (
     sample,
 )
 from netmon.nvml import NvmlSource, NvmlUnavailable, reading_from_raw
+from tests.fake_nvml import IdleNvml, nvml_error
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recorded_idle_2gpu.json"
 U0 = "GPU-3f2a9c1e-7b4d-4e0a-9a61-2c5d8e0f1b77"
@@ -390,86 +391,8 @@ def test_mig_mode_current_enabled() -> None:
 # --- NvmlSource ---------------------------------------------------------------------------------
 
 
-def nvml_error(code: int) -> Exception:
-    error: Exception = pynvml.NVMLError(
-        code
-    )  # pynvml picks the subclass, e.g. NVMLError_NotSupported
-    return error
-
-
-class FakeNvml:
-    """pynvml's surface as NvmlSource uses it, for a node of three GPUs.
-
-    GPU 0 answers everything; GPU 1 answers only the basics (NotSupported elsewhere, no v2 memory,
-    a driver too old for the process call); GPU 2 is lost. Every call is bound against the real
-    pynvml function's signature, so a misspelt name or a wrong argument fails here too.
-    """
-
-    NVMLError = pynvml.NVMLError
-    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
-    nvmlMemory_v2 = pynvml.nvmlMemory_v2
-
-    def __init__(self, init_error: Exception | None = None) -> None:
-        self.init_error = init_error
-        self.calls: list[str] = []
-        self.shutdowns = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(pynvml, name)  # AttributeError for a name pynvml does not have
-        answer = getattr(self, "_" + name)
-
-        def call(*args: Any) -> Any:
-            inspect.signature(real).bind(*args)
-            self.calls.append(name)
-            return answer(*args)
-
-        return call
-
-    def _nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-
-    def _nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def _nvmlDeviceGetCount(self) -> int:
-        return 3
-
-    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if index == 2:
-            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return index
-
-    def _nvmlDeviceGetUUID(self, handle: int) -> str:
-        return (U0, U1)[handle]
-
-    def _nvmlDeviceGetUtilizationRates(self, handle: int) -> object:
-        if handle == 1:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(gpu=3, memory=0)
-
-    def _nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> object:
-        if handle == 1 and version is not None:
-            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        used = 5 * MiB if version is not None else 600 * MiB  # v1 counts the driver's reserve
-        return SimpleNamespace(total=80 << 30, free=(80 << 30) - used, used=used)
-
-    def _nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[object]:
-        if handle == 1:
-            raise pynvml.NVMLLibraryMismatchError("driver too old")
-        return [SimpleNamespace(pid=321, usedGpuMemory=2 * MiB)]
-
-    def _nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
-        if handle == 1:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return [0, 0]
-
-    def _nvmlDeviceGetComputeMode(self, handle: int) -> int:
-        return 0 if handle == 0 else 3
-
-
 def test_nvml_source_reads_and_degrades() -> None:
-    fake = FakeNvml()
+    fake = IdleNvml(uuids=(U0, U1))
     with NvmlSource(fake) as source:
         first, second = source.read()
     assert first == GpuReading(
@@ -489,14 +412,14 @@ def test_nvml_source_reads_and_degrades() -> None:
         compute_mode="exclusive_process",
         processes_known=False,
     )
-    assert fake.calls.count("nvmlInit") == 1
+    assert fake.times_called("nvmlInit") == 1
     assert fake.shutdowns == 1
     decision = decide([[first, second]], ["0", "1", "2"], own_pids={321}, policy=POLICY)
     assert decision.busy == {"1": "gpu_compute_mode", "2": "gpu_missing"}
 
 
 def test_nvml_source_close_is_idempotent_and_final() -> None:
-    fake = FakeNvml()
+    fake = IdleNvml(uuids=(U0, U1))
     source = NvmlSource(fake)
     source.close()
     source.close()
@@ -506,7 +429,7 @@ def test_nvml_source_close_is_idempotent_and_final() -> None:
 
 
 def test_nvml_source_without_a_driver_fails_cleanly() -> None:
-    fake = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake = IdleNvml(uuids=(U0, U1), init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     with pytest.raises(NvmlUnavailable, match="NVML unavailable: Driver Not Loaded"):
         NvmlSource(fake)
 

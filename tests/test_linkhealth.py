@@ -2,13 +2,12 @@
 and read_link_health on a stand-in pynvml (this machine has no GPU).
 
 The fixtures are published real outputs (tests/fixtures/SOURCES.md, "nvlink / PCIe"). The
-stand-in pynvml binds every call against the installed module's real signature, like
-tests/test_idle.py, and returns values shaped as the recorded machines report them.
+stand-in pynvml (tests/fake_nvml.py) binds every call against the installed module's real
+signature, and returns values shaped as the recorded machines report them.
 """
 
 from __future__ import annotations
 
-import ctypes
 import inspect
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from netmon.linkhealth import (
     throughput_from_fields,
 )
 from netmon.nvml import NvmlUnavailable, read_link_health
+from tests.fake_nvml import LinkHealthNvml, nvml_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -284,108 +284,8 @@ def test_no_reading_no_families() -> None:
 # --- read_link_health on a stand-in pynvml -------------------------------------------------------
 
 
-def nvml_error(code: int) -> Exception:
-    error: Exception = pynvml.NVMLError(code)  # pynvml picks the subclass, e.g. NotSupported
-    return error
-
-
-ERRORS_GPU0 = {
-    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 11,
-    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: 1,
-    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: 40,
-}
-
-
-class FakeNvml:
-    """pynvml as read_link_health uses it, for a node of three GPUs.
-
-    GPU 0 (an RTX A6000 of the recorded bridged pair): Gen4 x16, links 0-3 active, 4-5 inactive,
-    InvalidArgument from link 6 on; CRC data counter unsupported; throughput 5 / 7 KiB.
-    GPU 1 (a PCIe-only card read while idle): parked at Gen1 of 4, x8 of x16, no replay counter,
-    NotSupported at NVLink 0. GPU 2 is lost. Functions are bound against the real signatures;
-    constants and exception classes come from the real module.
-    """
-
-    def __init__(self, init_error: Exception | None = None) -> None:
-        self.init_error = init_error
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
-        self.shutdowns = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(pynvml, name)  # AttributeError for a name pynvml does not have
-        if not name.startswith("nvml"):
-            return real  # constants, NVMLError
-        answer = getattr(self, "_" + name)
-
-        def call(*args: Any) -> Any:
-            inspect.signature(real).bind(*args)
-            self.calls.append((name, args))
-            return answer(*args)
-
-        return call
-
-    def _nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-
-    def _nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def _nvmlDeviceGetCount(self) -> int:
-        return 3
-
-    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if index == 2:
-            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return index
-
-    def _nvmlDeviceGetCurrPcieLinkGeneration(self, handle: int) -> int:
-        return (4, 1)[handle]
-
-    def _nvmlDeviceGetMaxPcieLinkGeneration(self, handle: int) -> int:
-        return 4
-
-    def _nvmlDeviceGetCurrPcieLinkWidth(self, handle: int) -> int:
-        return (16, 8)[handle]
-
-    def _nvmlDeviceGetMaxPcieLinkWidth(self, handle: int) -> int:
-        return 16
-
-    def _nvmlDeviceGetPcieReplayCounter(self, handle: int) -> int:
-        if handle == 1:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return 2
-
-    def _nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
-        if handle == 1:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        if link >= 6:
-            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        enabled: int = pynvml.NVML_FEATURE_ENABLED
-        return enabled if link < 4 else pynvml.NVML_FEATURE_DISABLED
-
-    def _nvmlDeviceGetNvLinkErrorCounter(self, handle: int, link: int, counter: int) -> int:
-        if counter not in ERRORS_GPU0:
-            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return ERRORS_GPU0[counter] if link == 0 else 0
-
-    def _nvmlDeviceGetFieldValues(self, handle: int, field_ids: list[tuple[int, int]]) -> Any:
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        kib = {
-            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 5,
-            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 7,
-        }
-        for slot, (field_id, scope) in zip(values, field_ids, strict=True):
-            assert scope == ctypes.c_uint32(-1).value  # summed over all links
-            slot.fieldId, slot.scopeId = field_id, scope
-            slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            slot.nvmlReturn = pynvml.NVML_SUCCESS
-            slot.value.ullVal = kib[field_id]
-        return values
-
-
 def test_read_link_health_reads_and_degrades() -> None:
-    fake = FakeNvml()
+    fake = LinkHealthNvml()
     health = read_link_health(under_load=False, nvml=fake)
     assert health.pcie == (
         PcieReading(0, 4, 4, 16, 16, 2),
@@ -411,7 +311,7 @@ def test_read_link_health_reads_and_degrades() -> None:
 
 
 def test_read_link_health_families_end_to_end() -> None:
-    registry = registry_of(read_link_health(under_load=True, nvml=FakeNvml()))
+    registry = registry_of(read_link_health(under_load=True, nvml=LinkHealthNvml()))
     value = registry.get_sample_value
     assert value("netmon_pcie_link_downtrained", {"gpu": "1", "reason": "generation"}) == 1
     assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "generation"}) == 0
@@ -423,7 +323,7 @@ def test_read_link_health_families_end_to_end() -> None:
 
 
 def test_read_link_health_unsupported_everywhere() -> None:
-    class Blind(FakeNvml):
+    class Blind(LinkHealthNvml):
         def __getattr__(self, name: str) -> Any:
             call = super().__getattr__(name)
             answered = (
@@ -453,7 +353,7 @@ def test_read_link_health_unsupported_everywhere() -> None:
 
 
 def test_read_link_health_shuts_down_after_a_failure() -> None:
-    class Broken(FakeNvml):
+    class Broken(LinkHealthNvml):
         def _nvmlDeviceGetCount(self) -> int:
             raise nvml_error(pynvml.NVML_ERROR_UNKNOWN)
 
@@ -464,7 +364,7 @@ def test_read_link_health_shuts_down_after_a_failure() -> None:
 
 
 def test_read_link_health_without_a_driver_fails_cleanly() -> None:
-    fake = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake = LinkHealthNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     with pytest.raises(NvmlUnavailable, match="NVML unavailable: Driver Not Loaded"):
         read_link_health(under_load=False, nvml=fake)
     assert fake.shutdowns == 0
@@ -484,7 +384,7 @@ def test_read_link_health_on_this_machine() -> None:
 def test_stand_in_field_values_are_real_structs() -> None:
     # The fake's field values are pynvml's own ctypes structs, so field_number reads them as it
     # would read the driver's.
-    values = FakeNvml().nvmlDeviceGetFieldValues(
+    values = LinkHealthNvml().nvmlDeviceGetFieldValues(
         0, [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF)]
     )
     assert field_number(values[0]) == 5

@@ -3,17 +3,15 @@
 The `topo_*.txt` fixtures are real published `nvidia-smi` output, copied unedited from
 shared/fixtures (sources in tests/fixtures/SOURCES.md). Literal matrices written in this file are
 CONSTRUCTED to exercise one case each (a PCIe switch tree, an old driver's headings...) and say
-so. NVML is replayed through a stand-in whose every call is bound to the installed pynvml's
-signatures, as in test_idle.py: there is no GPU here.
+so. NVML is replayed through a stand-in (tests/fake_nvml.py) whose every call is bound to the
+installed pynvml's signatures: there is no GPU here.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
@@ -48,6 +46,7 @@ from netmon.topology import (
     to_json,
     topology_from_readings,
 )
+from tests.fake_nvml import TopologyNvml, bus_id, cpu_mask, nvml_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TOPO_FILES = sorted(p.name for p in FIXTURES.glob("topo_*.txt") if "p2p" not in p.name)
@@ -502,20 +501,6 @@ _LEVEL = {
 }
 
 
-def cpu_mask(listed: str | None, words: int = 4) -> list[int]:
-    """ "0-51,104-155" as NVML's bitmask words (64 bits each)."""
-    mask = [0] * words
-    for span in (listed or "").split(",") if listed else []:
-        first, _, last = span.partition("-")
-        for cpu in range(int(first), int(last or first) + 1):
-            mask[cpu // 64] |= 1 << (cpu % 64)
-    return mask
-
-
-def bus_id(index: int) -> str:
-    return f"00000000:{0x18 + 0x10 * index:02X}:00.0"  # SYNTHETIC addresses
-
-
 def readings_like(
     topology: Topology, *, nvswitch: bool = False, typed: bool = True
 ) -> tuple[list[GpuTopologyReading], dict[Pair, int | None]]:
@@ -690,102 +675,21 @@ def test_nvml_constants_match_pynvml() -> None:
 # --- The live reader, through a stand-in pynvml ------------------------------------------------
 
 
-def nvml_error(code: int) -> Exception:
-    error: Exception = pynvml.NVMLError(code)  # pynvml picks the subclass
-    return error
-
-
-class FakeTopoNvml:
-    """pynvml as read_topology uses it, for the 3x RTX A6000 fixture's machine (SYNTHETIC bus ids
-    and UUIDs): GPU0-GPU1 bridged by 4 links, GPU2 with 4 inactive links, all NODE, and a fourth
-    GPU that is lost. Every call is bound against the real pynvml function's signature."""
-
-    NVMLError = pynvml.NVMLError
-    NVML_NVLINK_MAX_LINKS = pynvml.NVML_NVLINK_MAX_LINKS
-    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
-    NVML_AFFINITY_SCOPE_NODE = pynvml.NVML_AFFINITY_SCOPE_NODE
-
-    def __init__(self, init_error: Exception | None = None, typed: bool = True) -> None:
-        self.init_error = init_error
-        self.typed = typed
-        self.calls: list[str] = []
-        self.shutdowns = 0
-
-    def __getattr__(self, name: str) -> Any:
-        real = getattr(pynvml, name)  # AttributeError for a name pynvml does not have
-        answer = getattr(self, "_" + name)
-
-        def call(*args: Any) -> Any:
-            inspect.signature(real).bind(*args)
-            self.calls.append(name)
-            return answer(*args)
-
-        return call
-
-    def _nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error
-
-    def _nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def _nvmlDeviceGetCount(self) -> int:
-        return 4
-
-    def _nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if index == 3:
-            raise nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return index
-
-    def _nvmlDeviceGetUUID(self, handle: int) -> str:
-        return f"GPU-synthetic-{handle}"
-
-    def _nvmlDeviceGetPciInfo(self, handle: int) -> Any:
-        info = pynvml.nvmlPciInfo_t()
-        info.busId = bus_id(handle).encode()
-        return info
-
-    def _nvmlDeviceGetCpuAffinity(self, handle: int, words: int) -> list[int]:
-        return cpu_mask("0-31,64-95", words=max(words, 2))[:words]
-
-    def _nvmlDeviceGetMemoryAffinity(self, handle: int, words: int, scope: int) -> list[int]:
-        assert scope == pynvml.NVML_AFFINITY_SCOPE_NODE
-        return [1] + [0] * (words - 1)
-
-    def _nvmlDeviceGetNvLinkState(self, handle: int, link: int) -> int:
-        if link >= 4:  # an RTX A6000 has 4 links; NVML refuses the others
-            raise nvml_error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return 0 if handle == 2 else 1
-
-    def _nvmlDeviceGetNvLinkRemotePciInfo(self, handle: int, link: int) -> Any:
-        info = pynvml.nvmlPciInfo_t()
-        info.busId = bus_id(1 - handle).encode()
-        return info
-
-    def _nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: int, link: int) -> int:
-        if not self.typed:
-            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_GPU)
-
-    def _nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:
-        return int(pynvml.NVML_TOPOLOGY_NODE)
-
-
 @pytest.mark.parametrize("typed", [True, False])
 def test_read_topology_through_nvml(typed: bool) -> None:
-    fake = FakeTopoNvml(typed=typed)
+    fake = TopologyNvml(typed=typed)
     topology = read_topology(fake)
     assert without_ids(topology) == parsed(A6000_3)
     assert topology.gpus[2].uuid == "GPU-synthetic-2"
     assert topology.gpus[2].pci_bus_id == bus_id(2)
     assert fake.shutdowns == 1
     # Every link number is asked once per GPU; only active links are asked further.
-    assert fake.calls.count("nvmlDeviceGetNvLinkState") == 3 * pynvml.NVML_NVLINK_MAX_LINKS
-    assert fake.calls.count("nvmlDeviceGetNvLinkRemotePciInfo") == 8
+    assert fake.times_called("nvmlDeviceGetNvLinkState") == 3 * pynvml.NVML_NVLINK_MAX_LINKS
+    assert fake.times_called("nvmlDeviceGetNvLinkRemotePciInfo") == 8
 
 
 def test_read_topology_without_a_driver() -> None:
-    fake = FakeTopoNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
+    fake = TopologyNvml(init_error=nvml_error(pynvml.NVML_ERROR_DRIVER_NOT_LOADED))
     with pytest.raises(NvmlUnavailable, match="NVML unavailable: Driver Not Loaded"):
         read_topology(fake)
     assert fake.shutdowns == 0
