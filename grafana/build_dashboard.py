@@ -878,6 +878,26 @@ def panels() -> list[Json]:
         w=12,
         h=8,
     )
+    layout.add(
+        timeseries(
+            "Group messages rejected",
+            "Group messages that failed authentication with the group's secret, by the member "
+            "they claimed to come from: another secret, clocks over 30 s apart, or someone "
+            "writing to a member port (alert NetmonGroupMessagesRejected).",
+            [
+                target(
+                    "sum by (instance, group, member) (increase("
+                    f"netmon_group_messages_rejected_total{{{NODE}}}[$__rate_interval]))",
+                    "{{instance}} refused {{member}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=24,
+        h=7,
+    )
     return layout.panels
 
 

@@ -64,6 +64,7 @@ NEEDS_GPUS_OR_GROUPS: dict[tuple[str, str], str] = {
     ("Group members up", "A"): _GROUPS,
     ("Groups and leaders", "A"): _GROUPS,
     ("Groups and leaders", "B"): _GROUPS,
+    ("Group messages rejected", "A"): _GROUPS,
 }
 
 # Families that exist only with GPUs or node groups: a query over nothing else must be listed above.
@@ -86,6 +87,7 @@ GPU_OR_GROUP_FAMILIES = {
     "netmon_group_members",
     "netmon_group_member_up",
     "netmon_group_leader",
+    "netmon_group_messages_rejected_total",
 }
 
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
