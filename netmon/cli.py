@@ -283,6 +283,10 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     from netmon import config as cfg
 
     config, _ = _load_daemon_config(args)
+    if config.group is not None:
+        from netmon.groupauth import group_secret
+
+        group_secret(config.group)  # readable and long enough, before any daemon needs it
     print(cfg.dump(config), end="")
     print(f"# OK: {args.file or 'embedded default'} is valid", file=sys.stderr)
     return EXIT_OK

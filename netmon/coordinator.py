@@ -2,14 +2,17 @@
 
 Each round has its own epoch and key prefix (netmon/<epoch>/...) in the leader's store:
 `plan` (which probe), `ready/<member>` (what each member can give now), `go` (the world, or why
-the round is skipped) and `port` (where rank 0's rendezvous store listens). A member that does not
-answer makes the round fail fast with skip reason `member_absent`; a crashed round leaves only
-its own keys behind. Leadership goes to the lowest-named reachable member, checked every
-heartbeat, so a departed leader is replaced within a heartbeat and a ping timeout.
+the round is skipped) and `port` (where rank 0's rendezvous store listens); `netmon/current`
+names the latest epoch. A member that does not answer makes the round fail fast with skip reason
+`member_absent`; a crashed round leaves only its own keys behind. Leadership goes to the
+lowest-named member that proves it holds the group's secret (its sealed, fresh `netmon/hello`),
+checked every heartbeat, so a departed leader is replaced within a heartbeat and a ping timeout.
+Every value is sealed (netmon.groupauth): a forged or replayed one counts as missing.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -23,7 +26,8 @@ from typing import Any
 from netmon import idle
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.group import GroupConfig, World, lay_out, leader_of
-from netmon.grouplink import GroupError, GroupLink
+from netmon.groupauth import Sealer
+from netmon.grouplink import GroupError, GroupLink, SealedLink
 from netmon.links import judge_pairs
 from netmon.logs import event
 from netmon.probe.launcher import Launcher
@@ -35,7 +39,17 @@ from netmon.topology import plan_pair_rounds
 log = logging.getLogger(__name__)
 
 PING_TIMEOUT_S = 0.5
-EPOCH_KEY = "netmon/epoch"
+HELLO_KEY = "netmon/hello"
+CURRENT_KEY = "netmon/current"
+# A member whose messages keep failing authentication is logged once per this many seconds.
+REJECT_LOG_INTERVAL_S = 60.0
+# Rounds whose keys stay in the leader's store; older ones are deleted, so that a daemon
+# running for months does not grow its store by a round's keys every interval.
+ROUNDS_KEPT = 2
+
+
+# Per node pair: where its rank 0 published its port, and its result.
+_PAIR_KEYS = (("pair", "/port"), ("result/", ""))
 
 
 class Coordinator:
@@ -45,6 +59,7 @@ class Coordinator:
         group: GroupConfig,
         me: str,
         link: GroupLink,
+        sealer: Sealer,
         runner: ProbeRunner,
         results: Results,
         locks: DeviceLocks,
@@ -53,7 +68,7 @@ class Coordinator:
         self.config = config
         self.group = group
         self.me = me
-        self.link = link
+        self.link = SealedLink(link, sealer, self.rejected)
         self.runner = runner
         self.results = results
         self.locks = locks
@@ -63,6 +78,9 @@ class Coordinator:
         self.leader: str | None = me
         self._next_due = {name: time.monotonic() + 2.0 for name in self.probes}
         self._last_epoch: dict[str, int] = {}
+        self._epoch = 0
+        self._round_keys: collections.deque[list[str]] = collections.deque()
+        self._rejects_logged: dict[str, float] = {}
         # Membership is checked on its own thread, so a round in progress never delays noticing
         # that a member left (and a round with an absent member is stopped).
         self._threads = [
@@ -111,9 +129,11 @@ class Coordinator:
             self._follow(self.leader)
 
     def _refresh_members(self) -> None:
+        with contextlib.suppress(GroupError):
+            self.link.put(self.me, HELLO_KEY, {"member": self.me, "t": time.time()})
         others = [m for m in self.group.members if m != self.me]
         with ThreadPoolExecutor(max_workers=max(1, len(others))) as pool:
-            answers = list(pool.map(lambda m: self.link.ping(m, PING_TIMEOUT_S), others))
+            answers = list(pool.map(self._proves_membership, others))
         seen = {self.me, *(m for m, up in zip(others, answers, strict=True) if up)}
         leader = leader_of(sorted(seen))
         if seen != self.seen or leader != self.leader:
@@ -133,6 +153,31 @@ class Coordinator:
             GroupView(self.group.name, self.group.members, tuple(sorted(seen)), leader, self.me)
         )
 
+    def _proves_membership(self, member: str) -> bool:
+        """The member answers with a fresh hello sealed with the group's secret."""
+        try:
+            self.link.take(
+                member, HELLO_KEY, PING_TIMEOUT_S, member, fresh=True, expect={"member": member}
+            )
+        except GroupError:
+            return False
+        return True
+
+    def rejected(self, sender: str, why: str) -> None:
+        """A message claimed to come from `sender` and failed authentication: count, log."""
+        self.results.group_message_rejected(sender)
+        now = time.monotonic()
+        if now - self._rejects_logged.get(sender, -REJECT_LOG_INTERVAL_S) >= REJECT_LOG_INTERVAL_S:
+            self._rejects_logged[sender] = now
+            event(
+                log,
+                "group message rejected",
+                level=logging.WARNING,
+                group=self.group.name,
+                member=sender,
+                detail=why,
+            )
+
     # ---- what each member can give ----
 
     def _local_ranks(self, probe: ProbeConfig) -> int:
@@ -151,7 +196,14 @@ class Coordinator:
         decision = idle.check(self.runner.idle_source, devices, {os.getpid()}, self.config.idle)
         if not decision.idle:
             return {"idle": False, "reason": decision.reason or "gpu_unknown"}
-        return {"idle": True, "ranks": self._local_ranks(probe), "devices": list(devices)}
+        return {
+            "idle": True,
+            "ranks": self._local_ranks(probe),
+            "devices": list(devices),
+            # Where this member's rank 0 would listen: the address its store is bound to, which
+            # its member name may not resolve to elsewhere.
+            "address": self.link.link.host,
+        }
 
     # ---- leading ----
 
@@ -163,27 +215,51 @@ class Coordinator:
         if probe.scope == "node_pairs":
             self._lead_pairs(probe)
             return
-        epoch = self.link.add(self.me, EPOCH_KEY)
-        prefix = f"netmon/{epoch}/"
-        self.link.set(self.me, prefix + "plan", json.dumps({"probe": probe.name}))
+        epoch, prefix = self._open_round({"probe": probe.name})
         spec = spec_for(probe, self.config)
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
             ready = self._gather_ready(probe, prefix, epoch, self.group.members, got)
             if ready is None:
                 return
-            world = lay_out(self.group.members, {m: int(r["ranks"]) for m, r in ready.items()})
+            world = lay_out(
+                self.group.members,
+                {m: int(r["ranks"]) for m, r in ready.items()},
+                {m: str(r.get("address") or "") for m, r in ready.items()},
+            )
             devices = [str(d) for m in world.members for d in ready[m].get("devices", [])]
             plan = json.loads(world.to_json())
             plan["devices"] = devices
-            self.link.set(self.me, prefix + "go", json.dumps(plan))
+            self.link.put(self.me, prefix + "go", plan)
 
             def publish(kind: str, fields: dict[str, Any]) -> None:
                 if kind == "store":
-                    self.link.set(self.me, prefix + "port", str(fields["port"]))
+                    self.link.put(self.me, prefix + "port", {"port": int(fields["port"])})
 
             outcome = self._run(probe, world, devices, on_event=publish, port_source=None)
             # The member that hosts rank 0 (the leader) exports the round: once per group.
             self._record(probe, outcome, export=True, epoch=epoch)
+
+    def _open_round(self, plan: dict[str, Any]) -> tuple[int, str]:
+        """A new epoch with its plan, announced in `netmon/current`."""
+        # Milliseconds since the epoch, so a restarted leader's rounds still come after the ones
+        # its followers saw before the restart.
+        self._epoch = max(self._epoch + 1, int(time.time() * 1000))
+        prefix = f"netmon/{self._epoch}/"
+        self._forget_old_rounds(prefix, len(plan.get("pairs", ())))
+        self.link.put(self.me, prefix + "plan", plan)
+        current = {"epoch": self._epoch, "leader": self.me, "t": time.time()}
+        self.link.put(self.me, CURRENT_KEY, current)
+        return self._epoch, prefix
+
+    def _forget_old_rounds(self, prefix: str, pairs: int) -> None:
+        """Remember the keys this round may leave in the store; delete the oldest round's."""
+        names = ["plan", "go", "port", *(f"ready/{m}" for m in self.group.members)]
+        names += [f"{kind}{i}{tail}" for i in range(pairs) for kind, tail in _PAIR_KEYS]
+        self._round_keys.append([prefix + name for name in names])
+        while len(self._round_keys) > ROUNDS_KEPT:
+            for key in self._round_keys.popleft():
+                with contextlib.suppress(GroupError):
+                    self.link.delete(self.me, key)
 
     # ---- node pairs ----
 
@@ -218,13 +294,7 @@ class Coordinator:
     def _lead_pair_round(
         self, probe: ProbeConfig, pairs: list[tuple[str, str]]
     ) -> dict[tuple[str, str], float | None] | None:
-        epoch = self.link.add(self.me, EPOCH_KEY)
-        prefix = f"netmon/{epoch}/"
-        self.link.set(
-            self.me,
-            prefix + "plan",
-            json.dumps({"probe": probe.name, "pairs": [list(p) for p in pairs]}),
-        )
+        epoch, prefix = self._open_round({"probe": probe.name, "pairs": [list(p) for p in pairs]})
         participants = [m for pair in pairs for m in pair]
         spec = spec_for(probe, self.config)
         mine: float | None = None
@@ -232,10 +302,14 @@ class Coordinator:
             ready = self._gather_ready(probe, prefix, epoch, participants, got)
             if ready is None:
                 return None
-            worlds = [lay_out(pair, {m: int(ready[m]["ranks"]) for m in pair}) for pair in pairs]
+            addresses = {m: str(r.get("address") or "") for m, r in ready.items()}
+            worlds = [
+                lay_out(pair, {m: int(ready[m]["ranks"]) for m in pair}, addresses)
+                for pair in pairs
+            ]
             devices_of = {m: [str(d) for d in r.get("devices", [])] for m, r in ready.items()}
             go = {"pairs": [json.loads(w.to_json()) for w in worlds], "devices": devices_of}
-            self.link.set(self.me, prefix + "go", json.dumps(go))
+            self.link.put(self.me, prefix + "go", go)
             for index, world in enumerate(worlds):
                 if self.me in world.members:
                     mine = self._run_pair(probe, index, world, devices_of, prefix, self.me)
@@ -247,15 +321,15 @@ class Coordinator:
                 measured[pair] = mine
                 continue
             try:
-                report = json.loads(
-                    self.link.get(
-                        self.me,
-                        prefix + f"result/{index}",
-                        probe.timeout + self.group.ready_timeout,
-                    )
+                report = self.link.take(
+                    self.me,
+                    prefix + f"result/{index}",
+                    probe.timeout + self.group.ready_timeout,
+                    sender=low,
                 )
-                measured[pair] = report.get("busbw")
-            except (GroupError, ValueError):
+                busbw = report.get("busbw")
+                measured[pair] = float(busbw) if isinstance(busbw, (int, float)) else None
+            except GroupError:
                 measured[pair] = None
         return measured
 
@@ -267,15 +341,8 @@ class Coordinator:
             return  # sits this round out (an odd member count leaves one member a bye)
         spec = spec_for(probe, self.config)
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            try:
-                self.link.set(
-                    leader, prefix + f"ready/{self.me}", json.dumps(self._readiness(probe, got))
-                )
-                go = json.loads(
-                    self.link.get(leader, prefix + "go", self.group.ready_timeout + 2.0)
-                )
-            except (GroupError, ValueError) as exc:
-                self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+            go = self._answer_plan(leader, prefix, probe, got)
+            if go is None:
                 return
             if "skip" in go:
                 self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
@@ -301,14 +368,16 @@ class Coordinator:
 
         def publish(kind: str, fields: dict[str, Any]) -> None:
             if kind == "store":
-                self.link.set(leader, port_key, str(fields["port"]))
+                self.link.put(leader, port_key, {"port": int(fields["port"])})
 
         outcome = self._run(
             probe,
             world,
             devices,
             on_event=publish if host_of_rank0 else None,
-            port_source=None if host_of_rank0 else self._port_source(leader, port_key),
+            port_source=(
+                None if host_of_rank0 else self._port_source(leader, port_key, world.members[0])
+            ),
         )
         peer = world.members[1] if host_of_rank0 else world.members[0]
         self.results.finished(probe, outcome, "node_pair", export=False)
@@ -317,7 +386,7 @@ class Coordinator:
         if host_of_rank0:
             self.results.peer_measured(probe.name, peer, outcome)
             with contextlib.suppress(GroupError):
-                self.link.set(leader, prefix + f"result/{index}", json.dumps({"busbw": value}))
+                self.link.put(leader, prefix + f"result/{index}", {"busbw": value})
         event(
             log,
             "node pair measured",
@@ -345,8 +414,8 @@ class Coordinator:
                 continue
             try:
                 left = max(0.1, deadline - time.monotonic())
-                ready[member] = json.loads(self.link.get(self.me, prefix + f"ready/{member}", left))
-            except (GroupError, ValueError):
+                ready[member] = self.link.take(self.me, prefix + f"ready/{member}", left, member)
+            except GroupError:
                 missing.append(member)
         if missing:
             detail = f"{', '.join(missing)} did not answer round {epoch}"
@@ -361,7 +430,7 @@ class Coordinator:
 
     def _cancel(self, prefix: str, probe: ProbeConfig, reason: str, detail: str) -> None:
         with contextlib.suppress(GroupError):
-            self.link.set(self.me, prefix + "go", json.dumps({"skip": reason}))
+            self.link.put(self.me, prefix + "go", {"skip": reason})
         self._skip(probe, reason, detail)
 
     def _skip(self, probe: ProbeConfig, reason: str, detail: str) -> None:
@@ -381,18 +450,21 @@ class Coordinator:
 
     def _follow(self, leader: str) -> None:
         try:
-            if not self.link.check(leader, EPOCH_KEY, PING_TIMEOUT_S):
+            if not self.link.check(leader, CURRENT_KEY, PING_TIMEOUT_S):
                 return
-            epoch = int(self.link.get(leader, EPOCH_KEY, PING_TIMEOUT_S))
-        except (GroupError, ValueError):
+            current = self.link.take(
+                leader, CURRENT_KEY, PING_TIMEOUT_S, leader, fresh=True, expect={"leader": leader}
+            )
+            epoch = int(current["epoch"])
+        except (GroupError, ValueError, KeyError, TypeError):
             return
         if epoch <= self._last_epoch.get(leader, 0):
             return
         self._last_epoch[leader] = epoch
         prefix = f"netmon/{epoch}/"
         try:
-            plan = json.loads(self.link.get(leader, prefix + "plan", 1.0))
-        except (GroupError, ValueError):
+            plan = self.link.take(leader, prefix + "plan", 1.0, leader)
+        except GroupError:
             return
         probe = self.probes.get(str(plan.get("probe")))
         if probe is None:
@@ -402,15 +474,8 @@ class Coordinator:
             return
         spec = spec_for(probe, self.config)
         with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            try:
-                self.link.set(
-                    leader, prefix + f"ready/{self.me}", json.dumps(self._readiness(probe, got))
-                )
-                go = json.loads(
-                    self.link.get(leader, prefix + "go", self.group.ready_timeout + 2.0)
-                )
-            except (GroupError, ValueError) as exc:
-                self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+            go = self._answer_plan(leader, prefix, probe, got)
+            if go is None:
                 return
             if "skip" in go:
                 self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
@@ -425,7 +490,21 @@ class Coordinator:
             )
             self._record(probe, outcome, export=False, epoch=epoch)
 
-    def _port_source(self, leader: str, key: str) -> Callable[[], int | None]:
+    def _answer_plan(
+        self, leader: str, prefix: str, probe: ProbeConfig, got_lock: bool
+    ) -> dict[str, Any] | None:
+        """Tell the leader what this member can give; its go (or skip), or None when it never
+        came (the skip is counted here)."""
+        try:
+            self.link.put(leader, prefix + f"ready/{self.me}", self._readiness(probe, got_lock))
+            return self.link.take(leader, prefix + "go", self.group.ready_timeout + 2.0, leader)
+        except GroupError as exc:
+            self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+            return None
+
+    def _port_source(
+        self, leader: str, key: str, sender: str | None = None
+    ) -> Callable[[], int | None]:
         next_try = [0.0]
 
         def port() -> int | None:
@@ -435,8 +514,8 @@ class Coordinator:
             try:
                 if not self.link.check(leader, key, PING_TIMEOUT_S):
                     return None
-                return int(self.link.get(leader, key, PING_TIMEOUT_S))
-            except (GroupError, ValueError):
+                return int(self.link.take(leader, key, PING_TIMEOUT_S, sender or leader)["port"])
+            except (GroupError, ValueError, KeyError, TypeError):
                 return None
 
         return port

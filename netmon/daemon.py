@@ -26,7 +26,8 @@ from netmon.config import NetmonConfig
 from netmon.coordinator import Coordinator
 from netmon.errors import UsageError
 from netmon.exporter import MetricsServer, make_registry
-from netmon.group import identify_self, member_port
+from netmon.group import bind_address, identify_self, member_port
+from netmon.groupauth import Sealer, group_secret
 from netmon.grouplink import GroupError, GroupLink
 from netmon.logs import event
 from netmon.results import Results
@@ -217,9 +218,13 @@ class Daemon:
             return
         try:
             me = identify_self(group)
+            host = bind_address(group, me)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        self.link = GroupLink(member_port(me), python=self.config.rank_python or sys.executable)
+        sealer = Sealer(group.name, group_secret(group))
+        self.link = GroupLink(
+            member_port(me), host, me, python=self.config.rank_python or sys.executable
+        )
         try:
             self.link.start()
         except GroupError as exc:
@@ -229,6 +234,7 @@ class Daemon:
             group,
             me,
             self.link,
+            sealer,
             self.runner,
             self.results,
             self.runner.locks,

@@ -169,6 +169,8 @@ class Snapshot:
     group: Any = None  # netmon.results.GroupView
     peers: tuple[PeerPoint, ...] = ()
     peer_verdicts: Mapping[str, PeerVerdict] = field(default_factory=dict)
+    # Group messages that failed authentication, by the member they claimed to come from.
+    group_rejected: Mapping[str, int] = field(default_factory=dict)
     # (last reload successful, failed reloads, when the configuration was last loaded)
     config_reload: tuple[bool, int, float] = (True, 0, 0.0)
 
@@ -469,7 +471,15 @@ def _group_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
     if view.leader is not None:
         leader.add_metric([view.name, view.leader], 1.0)
-    yield from (members, up, leader)
+    rejected = CounterMetricFamily(
+        "netmon_group_messages_rejected",
+        "Group messages that failed authentication (wrong secret, tampered, replayed or stale), "
+        "by the member they claimed to come from",
+        labels=["group", "member"],
+    )
+    for member in view.members:
+        rejected.add_metric([view.name, member], float(snapshot.group_rejected.get(member, 0)))
+    yield from (members, up, leader, rejected)
 
 
 def _health_families(snapshot: Snapshot) -> list[Metric]:

@@ -7,11 +7,13 @@ previous member's, in member order, so every daemon computes the same global ran
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -33,6 +35,11 @@ class GroupConfig(BaseModel):
     # address. NETMON_GROUP__SELF sets it from the environment (a DaemonSet's node name).
     self_: str | None = Field(None, alias="self")
     interface: str | None = None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for probe traffic
+    # The group's shared secret (at least 16 bytes): every message between members carries an
+    # HMAC with it (netmon.groupauth). Read at start, never logged or exported.
+    secret_file: Path | None = None
+    # The address this member's store listens on; default: this member's host, resolved.
+    bind: str | None = None
     heartbeat: float = Field(1.0, gt=0, description="seconds between member checks")
     ready_timeout: float = Field(5.0, gt=0, description="seconds a round waits for members")
 
@@ -70,6 +77,11 @@ class GroupConfig(BaseModel):
     def _self_is_member(self) -> GroupConfig:
         if self.self_ is not None and self.self_ not in self.members:
             raise ValueError(f"self {self.self_!r} is not one of the members")
+        if self.secret_file is None:
+            raise ValueError(
+                "secret_file is required: a file with the group's shared secret, the same on "
+                "every member (openssl rand -hex 32 > /etc/netmon/group.secret)"
+            )
         return self
 
 
@@ -97,6 +109,32 @@ def identify_self(group: GroupConfig, names: Sequence[str] | None = None) -> str
             f"{', '.join(sorted(set(names)))}); set group.self or NETMON_GROUP__SELF"
         )
     return matches[0]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def bind_address(group: GroupConfig, me: str) -> str:
+    """The address this member's store listens on: `bind`, else this member's host, resolved."""
+    host = group.bind or member_host(me)
+    try:
+        address = str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(
+            f"group.bind: cannot resolve {host!r} ({exc}); set group.bind to this node's "
+            "address on the group network"
+        ) from None
+    remote = [m for m in group.members if not _loopback(member_host(m))]
+    if _loopback(address) and remote:
+        raise ValueError(
+            f"group.bind: {host!r} resolves to {address}, a loopback address, so other members "
+            "could not reach this one; set group.bind to this node's address on the group network"
+        )
+    return address
 
 
 def leader_of(reachable: Sequence[str]) -> str | None:
@@ -137,7 +175,13 @@ class World:
         return cls(tuple(data["members"]), ranks, str(data["host"]))
 
 
-def lay_out(members: Sequence[str], local_ranks: Mapping[str, int]) -> World:
+def lay_out(
+    members: Sequence[str],
+    local_ranks: Mapping[str, int],
+    addresses: Mapping[str, str] | None = None,
+) -> World:
+    """The world of a round; rank 0's store listens on its member's `addresses` entry (the
+    address that member's store is bound to), else on its member host."""
     ordered = sorted(members)
     ranks_of: dict[str, tuple[int, ...]] = {}
     next_rank = 0
@@ -145,4 +189,5 @@ def lay_out(members: Sequence[str], local_ranks: Mapping[str, int]) -> World:
         count = local_ranks[member]
         ranks_of[member] = tuple(range(next_rank, next_rank + count))
         next_rank += count
-    return World(tuple(ordered), ranks_of, member_host(ordered[0]))
+    first = ordered[0]
+    return World(tuple(ordered), ranks_of, (addresses or {}).get(first) or member_host(first))

@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from netmon.listen import listen_on
+
 _out = threading.Lock()
 
 
@@ -48,14 +50,11 @@ def _handle(dist: Any, request: dict[str, Any]) -> Any:
     timeout = float(request.get("timeout", 2.0))
     store = _client(dist, request["member"], timeout)
     key = request.get("key", "")
-    if op == "ping":
-        store.check(["netmon/ping"])
-        return True
     if op == "set":
         store.set(key, str(request["value"]))
         return True
-    if op == "add":
-        return int(store.add(key, int(request.get("amount", 1))))
+    if op == "delete":
+        return bool(store.delete_key(key))
     if op == "check":
         return bool(store.check([key]))
     if op == "get":
@@ -67,6 +66,7 @@ def _handle(dist: Any, request: dict[str, Any]) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--host", required=True, help="the one address the store listens on")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -74,9 +74,20 @@ def main() -> None:
 
     dist: Any = importlib.import_module("torch.distributed")
 
-    # This member's store: the others read plans and results from it while it leads.
+    # This member's store: the others read plans and results from it while it leads. It listens
+    # on the group's address only; what it holds is sealed by the daemon (netmon.groupauth).
+    try:
+        sock = listen_on(args.host, args.port)
+    except OSError as exc:
+        _reply({"id": 0, "ok": False, "error": f"cannot listen on {args.host}:{args.port}: {exc}"})
+        os._exit(2)
     server = dist.TCPStore(
-        "0.0.0.0", args.port, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+        args.host,
+        sock.getsockname()[1],
+        is_master=True,
+        timeout=timedelta(seconds=30),
+        wait_for_workers=False,
+        master_listen_fd=sock.detach(),
     )
     _reply({"id": 0, "ok": True, "value": {"port": int(server.port), "pid": os.getpid()}})
     parent = os.getppid()

@@ -13,11 +13,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import netmon
+from netmon.groupauth import AuthError, Sealer, check_fresh
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +34,19 @@ class GroupError(Exception):
 
 class GroupLink:
     def __init__(
-        self, port: int, python: str = sys.executable, env: dict[str, str] | None = None
+        self,
+        port: int,
+        host: str,
+        me: str | None = None,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
+        self.host = host  # the one address this member's store listens on
+        # Requests to this member go to the address its store really listens on, which is not
+        # always what its member name resolves to here (127.0.1.1 in a Debian /etc/hosts).
+        self.me = me
+        self._own_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.python = python
         self.env = env
         self._lock = threading.Lock()  # guards _pending, _next_id and writes to the agent
@@ -61,7 +74,15 @@ class GroupLink:
         with self._lock:
             self._pending = {0: ready}
         self._proc = subprocess.Popen(
-            [self.python, "-m", "netmon.group_agent", "--port", str(self.port)],
+            [
+                self.python,
+                "-m",
+                "netmon.group_agent",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -75,9 +96,9 @@ class GroupLink:
         except Exception as exc:
             self.stop()
             raise GroupError(
-                f"the store agent did not start on port {self.port}: {exc or 'no answer'}"
+                f"the store agent did not start on {self._own_address}: {exc or 'no answer'}"
             ) from None
-        log.info("group store agent pid %s listening on port %s", info["pid"], info["port"])
+        log.info("group store agent pid %s listening on %s", info["pid"], self._own_address)
 
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
@@ -117,6 +138,7 @@ class GroupLink:
     # ---- requests ----
 
     def call(self, op: str, member: str, timeout: float = 2.0, **fields: Any) -> Any:
+        address = self._own_address if member == self.me else member
         with self._start_lock:
             self._ensure_started()
         with self._lock:
@@ -128,7 +150,7 @@ class GroupLink:
             self._pending[request_id] = future
             line = (
                 json.dumps(
-                    {"id": request_id, "op": op, "member": member, "timeout": timeout, **fields}
+                    {"id": request_id, "op": op, "member": address, "timeout": timeout, **fields}
                 )
                 + "\n"
             )
@@ -145,20 +167,72 @@ class GroupLink:
                 self._pending.pop(request_id, None)
             raise GroupError(f"{op} on {member}: no answer in {timeout + MARGIN_S:.0f} s") from None
 
-    def ping(self, member: str, timeout: float = 1.0) -> bool:
-        try:
-            return bool(self.call("ping", member, timeout))
-        except GroupError:
-            return False
-
     def set(self, member: str, key: str, value: str) -> None:
         self.call("set", member, key=key, value=value)
-
-    def add(self, member: str, key: str, amount: int = 1) -> int:
-        return int(self.call("add", member, key=key, amount=amount))
 
     def get(self, member: str, key: str, timeout: float) -> str:
         return str(self.call("get", member, timeout, key=key))
 
     def check(self, member: str, key: str, timeout: float = 1.0) -> bool:
         return bool(self.call("check", member, timeout, key=key))
+
+    def delete(self, member: str, key: str) -> bool:
+        return bool(self.call("delete", member, key=key))
+
+
+class RejectedMessage(GroupError):
+    """A value that is not sealed with the group's secret, or not for this key: treated as
+    missing by the caller, and reported."""
+
+
+class SealedLink:
+    """Store requests whose values are sealed with the group's secret (netmon.groupauth).
+
+    A value that fails to open raises RejectedMessage, a GroupError, so every caller treats a
+    forged or replayed message exactly like a missing one; `on_reject` hears which member's
+    message it claimed to be and why it was refused.
+    """
+
+    def __init__(
+        self,
+        link: GroupLink,
+        sealer: Sealer,
+        on_reject: Callable[[str, str], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.link = link
+        self.sealer = sealer
+        self.on_reject = on_reject
+        self.clock = clock
+
+    def put(self, member: str, key: str, body: dict[str, Any]) -> None:
+        self.link.set(member, key, self.sealer.seal(key, body))
+
+    def take(
+        self,
+        member: str,
+        key: str,
+        timeout: float,
+        sender: str,
+        fresh: bool = False,
+        expect: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The opened value of `key` in `member`'s store, written by `sender`."""
+        value = self.link.get(member, key, timeout)
+        try:
+            body = self.sealer.open(key, value)
+            if fresh:
+                check_fresh(key, body, self.clock())
+            for field, wanted in (expect or {}).items():
+                if body.get(field) != wanted:
+                    raise AuthError(f"{key}: {field} is {body.get(field)!r}, not {wanted!r}")
+        except AuthError as exc:
+            self.on_reject(sender, str(exc))
+            raise RejectedMessage(str(exc)) from None
+        return body
+
+    def check(self, member: str, key: str, timeout: float = 1.0) -> bool:
+        return self.link.check(member, key, timeout)
+
+    def delete(self, member: str, key: str) -> bool:
+        return self.link.delete(member, key)

@@ -91,6 +91,7 @@ class Results:
         self._reloaded_at = time.time()
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
+        self._group_rejected: dict[str, int] = {}
         self.state_write_errors = 0
         self._snapshot = self._build_snapshot()
 
@@ -151,6 +152,11 @@ class Results:
             if view == self._group:
                 return
             self._group = view
+            self._snapshot = self._build_snapshot()
+
+    def group_message_rejected(self, member: str) -> None:
+        with self._lock:
+            self._group_rejected[member] = self._group_rejected.get(member, 0) + 1
             self._snapshot = self._build_snapshot()
 
     def peer_measured(self, probe: str, peer: str, outcome: ProbeOutcome) -> None:
@@ -329,6 +335,7 @@ class Results:
             group=self._group,
             peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
             peer_verdicts=dict(self._peer_verdicts),
+            group_rejected=dict(self._group_rejected),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
         )
 

@@ -48,6 +48,18 @@ def fast_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
     return config
 
 
+GROUP_SECRET = "netmon-test-group-secret-0123456789"
+
+
+def secret_file(directory: Path, secret: str = GROUP_SECRET, name: str = "group.secret") -> str:
+    """A group secret file as an operator would make it (owner-only), for `group.secret_file`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
 class DaemonProcess:
     def __init__(
         self,

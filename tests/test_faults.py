@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
+from tests.daemon_harness import DaemonProcess, fast_config, secret_file, series, wait_until
 from tests.prometheus_harness import free_port
 
 LONG = {"name": "long", "sizes": ["16M"], "interval": "1h", "iters": 500, "warmup": 1}
@@ -183,6 +183,7 @@ def test_a_group_member_that_never_answers_makes_rounds_fail_fast(
                 "self": me,
                 "heartbeat": "500ms",
                 "ready_timeout": "2s",
+                "secret_file": secret_file(tmp_path),
             },
         )
         daemon = DaemonProcess(tmp_path, config)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonProcess, series, wait_until
+from tests.daemon_harness import DaemonProcess, secret_file, series, wait_until
 from tests.prometheus_harness import free_port
 
 ROUND = {
@@ -54,6 +54,7 @@ def member_config(tmp_path: Path, members: list[str], me: str) -> dict[str, Any]
             "heartbeat": "500ms",
             "ready_timeout": "3s",
             "interface": "lo",
+            "secret_file": secret_file(tmp_path),
         },
         "baseline": {"min_samples": 2},
     }

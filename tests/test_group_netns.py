@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonProcess, wait_until
+from tests.daemon_harness import DaemonProcess, secret_file, wait_until
 from tests.netns import Link
 
 PORT = 29400
@@ -57,6 +57,7 @@ def config(tmp_path: Path, members: list[str], me: str) -> dict[str, Any]:
             "interface": "eth0",
             "heartbeat": "500ms",
             "ready_timeout": "5s",
+            "secret_file": secret_file(tmp_path),
         },
         # 2 of the last 3 rounds low: the verdict can turn within three rounds.
         "baseline": {"min_samples": 3, "window": 5, "ratio": 0.8, "trigger": 2, "of": 3},

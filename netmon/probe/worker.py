@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import IO, Any
 
 from netmon.bandwidth import buffers_for
+from netmon.listen import listen_on
 from netmon.probe.spec import Phase, ProbeSpec
 
 HEARTBEAT_S = 0.5
@@ -87,14 +88,17 @@ class Rank:
     def _rendezvous(self, dist: Any, stdin: IO[str]) -> Any:
         timeout = timedelta(seconds=self.spec.deadlines.rendezvous)
         if self.rank == 0:
-            # Port 0: the kernel picks a free port, so no other process can race us for it.
+            # Port 0: the kernel picks a free port, so no other process can race us for it. The
+            # store lives only as long as this probe, on the one address the other ranks use.
+            sock = listen_on(self.spec.host)
             store = dist.TCPStore(
                 self.spec.host,
-                0,
+                sock.getsockname()[1],
                 self.world,
                 is_master=True,
                 timeout=timeout,
                 wait_for_workers=False,
+                master_listen_fd=sock.detach(),
             )
             self.channel.send("store", port=int(store.port))
             return store
