@@ -295,8 +295,18 @@ def _apply(document: dict[str, Any], path: list[str], value: Any, source: str) -
             raise ConfigError(f"{source}: {'.'.join(path[:depth])} is not a mapping")
         if last:
             node[part] = value
-        else:
-            node = node.setdefault(part, {})
+            continue
+        following = path[depth + 1]
+        if following.isdigit() and part not in node:
+            # An index into a list the file never set: the embedded default (probes) depends on
+            # the GPUs found, so there is nothing to index yet.
+            whole = ENV_PREFIX + "__".join(p.upper() for p in path[: depth + 1])
+            raise ConfigError(
+                f"{source}: {'.'.join(path[: depth + 1])} is not set in the configuration file, "
+                f"so item {following} cannot be overridden; write the list in the file, or "
+                f"give the whole list as YAML in {whole}"
+            )
+        node = node.setdefault(part, {})
 
 
 # Only settings users set from the environment; anything else NETMON_* is left alone (e.g.

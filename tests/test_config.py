@@ -172,6 +172,14 @@ def test_an_override_of_a_missing_list_item_is_named(tmp_path: Path) -> None:
         load_config(write(tmp_path, CONTRACT), environ={"NETMON_PROBES__7__INTERVAL": "1s"})
 
 
+def test_an_index_into_the_embedded_default_probes_says_how_to_set_them() -> None:
+    with pytest.raises(ConfigError, match="NETMON_PROBES__0__INTERVAL: probes is not set") as e:
+        load_config(None, environ={"NETMON_PROBES__0__INTERVAL": "5s"})
+    assert "give the whole list as YAML in NETMON_PROBES" in str(e.value)
+    whole = load_config(None, environ={"NETMON_PROBES": "[{name: a, sizes: [8], interval: 5s}]"})
+    assert [(p.name, p.interval) for p in whole.probes or ()] == [("a", 5.0)]
+
+
 # --- the embedded default
 
 
