@@ -467,7 +467,7 @@ class Coordinator:
         except GroupError:
             return
         probe = self.probes.get(str(plan.get("probe")))
-        if probe is None:
+        if probe is None or self._too_late(leader, prefix, epoch):
             return
         if "pairs" in plan:
             self._follow_pairs(leader, prefix, probe, plan, epoch)
@@ -489,6 +489,19 @@ class Coordinator:
                 port_source=self._port_source(leader, prefix + "port"),
             )
             self._record(probe, outcome, export=False, epoch=epoch)
+
+    def _too_late(self, leader: str, prefix: str, epoch: int) -> bool:
+        """The leader decided this round without us (a member that just started or rejoined):
+        ranks joining it now would only disturb the ranks already rendezvousing."""
+        try:
+            decided = self.link.check(leader, prefix + "go", PING_TIMEOUT_S)
+        except GroupError:
+            return True
+        if decided:
+            log.info(
+                "group %s: round %s was decided before this member saw it", self.group.name, epoch
+            )
+        return decided
 
     def _answer_plan(
         self, leader: str, prefix: str, probe: ProbeConfig, got_lock: bool

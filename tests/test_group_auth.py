@@ -350,18 +350,28 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
         wait_for_workers=False,
     )
 
-    def inject(sealer: Sealer) -> None:
-        """A round for the follower in the leader's store, as anyone reaching its port could."""
+    def inject(sealer: Sealer, wait_for_ready: bool = False) -> None:
+        """A round for the follower in the leader's store, as anyone reaching its port could:
+        plan and current, then (after the follower's readiness, if asked) go and port."""
         epoch = int(time.time() * 1000)
         prefix = f"netmon/{epoch}/"
         world = {"members": members, "host": "127.0.0.1", "ranks": {lead: [0], follow: [1]}}
-        for key, body in (
+        plan: list[tuple[str, dict[str, Any]]] = [
             (prefix + "plan", {"probe": "cross"}),
+            ("netmon/current", {"epoch": epoch, "leader": lead, "t": time.time()}),
+        ]
+        go: list[tuple[str, dict[str, Any]]] = [
             (prefix + "go", {**world, "devices": []}),
             (prefix + "port", {"port": 1}),
-            ("netmon/current", {"epoch": epoch, "leader": lead, "t": time.time()}),
-        ):
+        ]
+        for key, body in plan if wait_for_ready else go + plan:
             store.set(key, sealer.seal(key, body))
+        if wait_for_ready:
+            wait_until(
+                lambda: store.check([prefix + f"ready/{follow}"]), 30, "the follower's readiness"
+            )
+            for key, body in go:
+                store.set(key, sealer.seal(key, body))
 
     inject(Sealer("test", b"a guessed secret, 32 bytes long."))
     wait_until(
@@ -373,9 +383,20 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
     assert follower.value("netmon_group_member_up", group="test", member=lead) == 1.0
     assert "group message rejected" in follower.log()
 
-    # The control: the same round sealed with the group's secret is taken, so it was the
-    # secret alone that kept the forged one out.
-    inject(Sealer("test", secret.encode()))
+    # A round decided before the follower saw it (here: go written with the plan) is not
+    # joined even when it is genuine: late ranks would only disturb the ones rendezvousing.
+    honest = Sealer("test", secret.encode())
+    inject(honest)
+    wait_until(
+        lambda: "was decided before this member saw it" in follower.log(),
+        30,
+        "the follower to notice it is late",
+    )
+    assert (follower.value("netmon_probe_runs_total", probe="cross") or 0) == 0
+
+    # The control: the same round sealed with the group's secret, in order, is taken, so it was
+    # the secret alone that kept the forged one out.
+    inject(honest, wait_for_ready=True)
     wait_until(
         lambda: (follower.value("netmon_probe_runs_total", probe="cross") or 0) >= 1,
         30,
