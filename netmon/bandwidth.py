@@ -11,7 +11,7 @@ import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 OpName = Literal[
     "all_reduce",
@@ -199,6 +199,29 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
     high = min(low + 1, len(sorted_values) - 1)
     weight = position - low
     return sorted_values[low] * (1 - weight) + sorted_values[high] * weight
+
+
+# How one sample's time is taken from the ranks' times: max, the slowest rank (a collective is
+# done when its last rank is; netmon's default), or mean, nccl-tests' default (`-a 1`), or min.
+RankStat = Literal["max", "mean", "min"]
+RANK_STATS: tuple[RankStat, ...] = get_args(RankStat)
+
+
+def combine_ranks(per_rank: Sequence[Sequence[float]], stat: RankStat) -> list[float]:
+    """Each sample's time across ranks: per_rank[r][s] is rank r's time of sample s."""
+    if not per_rank or len({len(times) for times in per_rank}) != 1:
+        raise ValueError("every rank needs the same number of samples")
+    columns = list(zip(*per_rank, strict=True))
+    if stat == "max":
+        return [max(column) for column in columns]
+    if stat == "min":
+        return [min(column) for column in columns]
+    return [statistics.fmean(column) for column in columns]
+
+
+def rank_medians(per_rank: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """Each rank's median time: a rank far above the others is the slow one."""
+    return tuple(statistics.median(times) for times in per_rank)
 
 
 def spread(samples: Sequence[float]) -> Spread:

@@ -89,6 +89,13 @@ def _add_probe_parser(commands: Any) -> None:
         help="synchronise after every op (nccl-tests -z, latency view)",
     )
     probe.add_argument(
+        "--rank-stat",
+        choices=bandwidth.RANK_STATS,
+        default="max",
+        help="a sample's time across ranks: max, the slowest rank (default), or mean, as "
+        "nccl-tests -a 1, or min",
+    )
+    probe.add_argument(
         "--chunks",
         "--repeat",
         default="1",
@@ -422,6 +429,7 @@ def _specs(args: argparse.Namespace) -> list[ProbeSpec]:
         iters=args.iters,
         batch=args.batch,
         timing="per_op" if args.per_op else "batched",
+        rank_stat=args.rank_stat,
         backend=backend,
         ranks=ranks,
         devices=devices,

@@ -17,7 +17,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_rate, parse_size, size_sweep
+from netmon.bandwidth import (
+    DTypeName,
+    OpName,
+    RankStat,
+    parse_duration,
+    parse_rate,
+    parse_size,
+    size_sweep,
+)
 from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, field_path
 from netmon.group import GroupConfig
@@ -61,6 +69,7 @@ class ProbeConfig(_Strict):
     iters: int = Field(20, ge=1)
     batch: int = Field(5, ge=1)
     timing: Timing = "batched"
+    rank_stat: RankStat = "max"  # a sample's time: the slowest rank's, or the mean (nccl-tests)
     chunks: int = Field(1, ge=1)
     devices: tuple[str, ...] | None = None  # default: the node's devices
     ranks: int | None = Field(None, ge=1)  # gloo: CPU ranks; default: the node's

@@ -66,7 +66,8 @@ def table(outcome: ProbeOutcome) -> str:
     lines = [
         f"# netmon probe: {spec.op}, path {spec.path}, backend {spec.backend}, {spec.ranks} ranks, "
         f"{spec.dtype}, "
-        f"timing {timing}, warmup {spec.warmup}, {spec.iters} samples per size",
+        f"timing {timing}, warmup {spec.warmup}, {spec.iters} samples per size "
+        f"({spec.rank_stat} over ranks)",
     ]
     if env is not None:
         lines.append(

@@ -48,6 +48,7 @@ def spec_for(probe: ProbeConfig, config: NetmonConfig) -> ProbeSpec:
         iters=probe.iters,
         batch=probe.batch,
         timing=probe.timing,
+        rank_stat=probe.rank_stat,
         chunks=probe.chunks,
         backend=backend,
         ranks=ranks,

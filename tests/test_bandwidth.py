@@ -121,3 +121,15 @@ def test_spread_statistics() -> None:
     assert (single.cv, single.p10, single.p90) == (0.0, 2.0, 2.0)
     with pytest.raises(ValueError):
         bw.spread([])
+
+
+def test_a_samples_time_over_ranks_is_the_slowest_the_mean_or_the_fastest() -> None:
+    per_rank = [[1.0, 4.0, 2.0], [3.0, 2.0, 2.0]]
+    assert bw.combine_ranks(per_rank, "max") == [3.0, 4.0, 2.0]
+    assert bw.combine_ranks(per_rank, "min") == [1.0, 2.0, 2.0]
+    assert bw.combine_ranks(per_rank, "mean") == [2.0, 3.0, 2.0]
+    assert bw.rank_medians(per_rank) == (2.0, 2.0)
+    with pytest.raises(ValueError, match="same number of samples"):
+        bw.combine_ranks([[1.0], [1.0, 2.0]], "max")
+    with pytest.raises(ValueError):
+        bw.combine_ranks([], "mean")

@@ -55,6 +55,17 @@ def test_acceptance_command_prints_one_json_document() -> None:
     assert "[3/3]" in done.stderr
 
 
+def test_rank_stat_mean_is_named_in_the_table_and_every_ranks_median_is_in_the_json() -> None:
+    common = ("probe", "--backend", "gloo", "--ranks", "3", "--sizes", "1K", "-n", "3", "-w", "1")
+    table = run(*common, "--rank-stat", "mean")
+    assert table.returncode == 0, table.stderr
+    assert "(mean over ranks)" in table.stdout.splitlines()[0]
+    doc = json.loads(run(*common, "--json").stdout)
+    assert len(doc["results"][0]["rank_medians_s"]) == 3
+    wrong = run(*common, "--rank-stat", "median")
+    assert wrong.returncode == 2 and "--rank-stat" in wrong.stderr
+
+
 def test_table_looks_like_nccl_tests() -> None:
     done = run("probe", "--backend", "gloo", "--sizes", "1K,4K", "-n", "3", "-w", "1", "-c")
     assert done.returncode == 0, done.stderr

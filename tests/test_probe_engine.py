@@ -48,6 +48,27 @@ def test_every_op_is_correct_and_reports_its_bus_factor_at_3_ranks(op: OpName) -
     assert outcome.environment is not None and outcome.environment.torch
 
 
+@pytest.mark.parametrize("stat", bandwidth.RANK_STATS)
+def test_a_samples_time_is_taken_over_the_ranks_as_asked_and_each_ranks_median_is_kept(
+    stat: bandwidth.RankStat,
+) -> None:
+    outcome = run_probe(
+        ProbeSpec(sizes=(8, 64 << 10), ranks=3, iters=9, warmup=1, rank_stat=stat, timeout=120)
+    )
+    assert outcome.ok, outcome.failure
+    for result in outcome.results:
+        medians = result.rank_medians_s
+        assert len(medians) == 3 and all(m > 0 for m in medians)
+        # Per sample, the max over ranks is at least every rank's time (and the min at most),
+        # so the median of maxima is at least every rank's median. The mean has no such bound;
+        # its arithmetic is tested in test_bandwidth.
+        if stat == "max":
+            assert result.time_s >= max(medians)
+        elif stat == "min":
+            assert result.time_s <= min(medians)
+        assert result.min_s <= result.time_s <= result.max_s
+
+
 def test_dtypes_and_per_op_timing_and_chunks() -> None:
     for dtype in ("bfloat16", "float16"):
         outcome = run_probe(

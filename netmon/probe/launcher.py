@@ -353,7 +353,8 @@ class Launcher:
 
     def _record_size(self, event: dict[str, Any]) -> None:
         spec = self.spec
-        samples = [float(v) for v in event["samples"]]
+        per_rank = [[float(v) for v in times] for times in event["samples"]]
+        samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
         stats = bandwidth.spread(samples)
         size_bytes = int(event["size_bytes"])
         reps = spec.batch if spec.timing == "batched" else 1
@@ -376,6 +377,7 @@ class Launcher:
             bus_factor=bandwidth.bus_factor(spec.op, spec.ranks),
             check_ok=event.get("check_ok"),
             path=spec.path,
+            rank_medians_s=bandwidth.rank_medians(per_rank),
         )
         self._results.append(result)
         if result.check_ok is False:

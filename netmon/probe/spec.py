@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from netmon.bandwidth import DTypeName, OpName, parse_duration, parse_size
+from netmon.bandwidth import DTypeName, OpName, RankStat, parse_duration, parse_size
 
 Backend = Literal["nccl", "gloo"]
 # batched: `batch` back-to-back ops then one sync (nccl-tests' default);
@@ -62,6 +62,8 @@ class ProbeSpec(_Frozen):
     iters: int = Field(20, ge=1, description="timed samples per size")
     batch: int = Field(5, ge=1, description="back-to-back ops per sample in batched timing")
     timing: Timing = "batched"
+    # One sample's time from the ranks' times: the slowest rank (max), or nccl-tests' mean.
+    rank_stat: RankStat = "max"
     chunks: int = Field(1, ge=1, description="split each op of S bytes into k ops of S/k")
     backend: Backend = "gloo"
     ranks: int = Field(2, ge=1, le=1024)
@@ -132,7 +134,8 @@ class ProbeSpec(_Frozen):
 
 
 class SizeResult(_Frozen):
-    """One size of a sweep. Times are per op, in seconds; the slowest rank's, per sample."""
+    """One size of a sweep. Times are per op, in seconds; per sample, the spec's rank_stat over
+    the ranks (the slowest rank's by default)."""
 
     op: OpName
     size_bytes: int
@@ -151,6 +154,8 @@ class SizeResult(_Frozen):
     bus_factor: float
     check_ok: bool | None = None
     path: str = "default"
+    # Each rank's own median time, in rank order: one rank far above the rest is the slow one.
+    rank_medians_s: tuple[float, ...] = ()
 
 
 class ProbeEnvironment(_Frozen):

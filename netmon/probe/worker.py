@@ -177,7 +177,9 @@ class Rank:
         else:
             dist.barrier()
 
-    def _measure(self, torch: Any, dist: Any, device: Any, collective: Collective) -> list[float]:
+    def _measure(
+        self, torch: Any, dist: Any, device: Any, collective: Collective
+    ) -> list[list[float]]:
         spec = self.spec
         times = []
         for _ in range(spec.iters):
@@ -186,10 +188,13 @@ class Rank:
                 times.append(self._time_cuda(torch, device, collective))
             else:
                 times.append(self._time_host(collective))
-        # An iteration takes as long as its slowest rank; reduced outside the timed region.
-        per_rank = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
-        return [float(v) for v in per_rank.cpu().tolist()]
+        # Every rank's times, gathered outside the timed region; the launcher combines them per
+        # sample (spec.rank_stat) and keeps each rank's median, which names a slow rank.
+        mine = torch.tensor(times, dtype=torch.float64, device=device)
+        everyone = torch.zeros(len(times) * self.world, dtype=torch.float64, device=device)
+        dist.all_gather_into_tensor(everyone, mine)
+        flat = [float(v) for v in everyone.cpu().tolist()]
+        return [flat[r * len(times) : (r + 1) * len(times)] for r in range(self.world)]
 
     def _time_host(self, collective: Collective) -> float:
         reps = self.spec.batch if self.spec.timing == "batched" else 1
