@@ -187,6 +187,7 @@ class Daemon:
 
     def reload(self) -> bool:
         """SIGHUP: take the configuration again; on any error keep the old one, log, count."""
+        self.server.reload_web_config()  # first and apart: a bad web-config never blocks the rest
         if self.loader is None:
             return False
         try:

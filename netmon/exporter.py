@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from netmon.webconfig import WebSecurity
+    from netmon.webconfig import WebConfigReloader, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +511,9 @@ REQUEST_TIMEOUT_S = 10.0
 # Prometheus' own --web.max-connections default; measured: 500 idle connections cost 13 MB and
 # left a scrape at 1.8 ms (1.4 ms without them). It also keeps a flood short of the fd limit.
 MAX_CONNECTIONS = 512
+# How often, at most, a server started with --web-config compares the state of its files: a stat
+# of up to four files a second, whatever the rate of connections (see WebConfigReloader).
+WEB_CONFIG_CHECK_S = 1.0
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -680,15 +683,27 @@ class MetricsServer(ThreadingHTTPServer):
         security: WebSecurity | None = None,
         request_timeout: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        web_config_check_s: float = WEB_CONFIG_CHECK_S,
     ) -> None:
         self.registry = registry
-        self.security = security
+        self._security = security
+        self.web_config = _follow(security, web_config_check_s)
         self.request_timeout = request_timeout
         self._slots = threading.BoundedSemaphore(max_connections)
         self._closing = threading.Event()
         if ":" in host:
             self.address_family = socket.AF_INET6
         super().__init__((host, port), _Handler)
+
+    @property
+    def security(self) -> WebSecurity | None:
+        """What to enforce now; the handshake and every request ask, so a reload applies at once."""
+        return self.web_config.current() if self.web_config is not None else self._security
+
+    def reload_web_config(self) -> None:
+        """SIGHUP: read the web-config file now, even if its files look unchanged."""
+        if self.web_config is not None:
+            self.web_config.reload()
 
     @property
     def scheme(self) -> str:
@@ -746,3 +761,12 @@ class MetricsServer(ThreadingHTTPServer):
         thread = threading.Thread(target=self.serve_forever, name="metrics-http", daemon=True)
         thread.start()
         return thread
+
+
+def _follow(security: WebSecurity | None, interval: float) -> WebConfigReloader | None:
+    if security is None or security.source is None:
+        return None  # no file, or one built in code: nothing to follow
+    # Imported here: a server without --web-config needs neither bcrypt nor the TLS code.
+    from netmon.webconfig import WebConfigReloader
+
+    return WebConfigReloader(security, interval)

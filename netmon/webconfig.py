@@ -1,5 +1,6 @@
 """TLS and basic authentication for /metrics, from a web-config file in the format of the Prometheus
 exporter-toolkit (`--web-config`); settings netmon does not implement are refused, never ignored.
+The file, and the certificates it names, are followed while the server runs (WebConfigReloader).
 """
 
 from __future__ import annotations
@@ -8,14 +9,16 @@ import base64
 import binascii
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 import ssl
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
 import bcrypt
 import yaml
@@ -29,6 +32,9 @@ from pydantic import (
 )
 
 from netmon.errors import UsageError, field_path
+from netmon.logs import event
+
+log = logging.getLogger(__name__)
 
 ClientAuth = Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
 TLSVersion = Literal["TLS12", "TLS13"]
@@ -198,12 +204,16 @@ class BasicAuth:
             (hashlib.sha256(name.encode()).digest(), hashed.encode())
             for name, hashed in users.items()
         ]
+        self._given = dict(users)  # for a reload to tell whether the users changed
         # An unknown user is checked against the costliest real hash, so it takes as long.
         self._decoy = max((hashed for _, hashed in self._users), key=lambda h: int(h[4:6]))
         self._key = secrets.token_bytes(32)  # cache keys are keyed digests, never passwords
         self._cache: dict[bytes, None] = {}
         self._cache_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
+
+    def same_users(self, users: Mapping[str, str]) -> bool:
+        return self._given == dict(users)
 
     def check(self, header: str | None) -> bool:
         credentials = _credentials(header)
@@ -248,6 +258,13 @@ def _credentials(header: str | None) -> tuple[bytes, bytes] | None:
     return (user, password) if sep else None
 
 
+# A file's version: (st_mtime_ns, st_size, st_ino), or None when it cannot be found. The inode is
+# there for files replaced by a rename or a symlink swap (Kubernetes Secret volumes), which can
+# keep the size and the modification time.
+FileState: TypeAlias = tuple[int, int, int] | None
+Stamp: TypeAlias = tuple[tuple[Path, FileState], ...]
+
+
 @dataclass(frozen=True)
 class WebSecurity:
     """What the HTTP server enforces: a TLS context, basic auth, and headers on every response."""
@@ -255,6 +272,18 @@ class WebSecurity:
     tls: ssl.SSLContext | None = None
     auth: BasicAuth | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    # Set by `load`, so that a server can follow the file: where it came from, and the state of
+    # every file it was built from.
+    source: Path | None = field(default=None, compare=False)
+    stamp: Stamp = field(default=(), compare=False, repr=False)
+
+
+class WebConfigError(UsageError):
+    """A web-config file that cannot be used, with the state of the files that were read."""
+
+    def __init__(self, message: str, stamp: Stamp) -> None:
+        super().__init__(message)
+        self.stamp = stamp
 
 
 def parse(document: Mapping[str, Any]) -> WebConfig:
@@ -284,22 +313,56 @@ def _describe(exc: ValidationError) -> str:
     return f"{path}: {message}{shown}".replace("\n", " ")
 
 
-def build(config: WebConfig, base: Path) -> WebSecurity:
-    """The runtime objects; relative paths are taken from `base`, the web-config file's folder."""
+def build(config: WebConfig, base: Path, *, reuse: BasicAuth | None = None) -> WebSecurity:
+    """The runtime objects; relative paths are taken from `base`, the web-config file's folder.
+
+    `reuse` is kept if it has the same users: its cache of checked passwords stays valid, so a
+    certificate rotation does not cost every Prometheus a bcrypt check.
+    """
     tls = _tls_context(config.tls_server_config, base) if config.tls_server_config else None
     users = config.basic_auth_users or {}
-    auth = BasicAuth(users) if users else None
+    auth = None
+    if users:
+        auth = reuse if reuse is not None and reuse.same_users(users) else BasicAuth(users)
     extra = config.http_server_config.headers if config.http_server_config else None
     headers = tuple((name, value) for name, value in (extra or {}).items() if value)
     return WebSecurity(tls=tls, auth=auth, headers=headers)
 
 
-def load(path: Path) -> WebSecurity:
-    """Reads, validates and builds a web-config file; UsageError names the field."""
+def load(path: Path, previous: WebSecurity | None = None) -> WebSecurity:
+    """Reads, validates and builds a web-config file; WebConfigError names the field.
+
+    `previous` lends its BasicAuth if the users did not change (see `build`).
+    """
+    # Each state is taken before its file is read: a change during the read shows at the next check.
+    stamp = _stamp((path,))
     try:
-        return build(parse(_read(path)), path.parent)
+        config = parse(_read(path))
+        stamp += _stamp(_named_files(config, path.parent))
+        security = build(config, path.parent, reuse=previous.auth if previous else None)
     except UsageError as exc:
-        raise UsageError(f"--web-config {path}: {exc}") from None
+        raise WebConfigError(f"--web-config {path}: {exc}", stamp) from None
+    return replace(security, source=path, stamp=stamp)
+
+
+def _named_files(config: WebConfig, base: Path) -> tuple[Path, ...]:
+    tls = config.tls_server_config
+    if tls is None:
+        return ()
+    names = (tls.cert_file, tls.key_file, tls.client_ca_file)
+    return tuple(base / name for name in names if name is not None)
+
+
+def _file_state(path: Path) -> FileState:
+    try:
+        status = path.stat()  # follows symlinks: a swapped target has another inode
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size, status.st_ino)
+
+
+def _stamp(paths: Iterable[Path]) -> Stamp:
+    return tuple((path, _file_state(path)) for path in paths)
 
 
 def _read(path: Path) -> Mapping[str, Any]:
@@ -385,3 +448,88 @@ def _tls_context(tls: TLSServerConfig, base: Path) -> ssl.SSLContext:
         ) from None
     context.verify_mode = verify
     return context
+
+
+class WebConfigReloader:
+    """The web-config a server enforces now, built again when its files change.
+
+    exporter-toolkit applies a renewed certificate or a changed password without a restart: its
+    documentation (docs/web-configuration.md) says the file is read on every HTTP request, and its
+    web/tls_config.go sets the TLS config's GetConfigForClient hook to read the file and the
+    certificates again for every new TLS connection. netmon follows it, more cheaply: `current()`
+    runs on every new connection and request, and at most once per `interval` seconds it compares
+    the state of the web-config file and of the files it names. Only a change costs a read, and a
+    reload runs in the connection's thread, so there is no thread of its own to leak.
+
+    Where exporter-toolkit fails the handshake (or answers 500) while the file is broken, netmon
+    keeps the last good configuration and logs one warning per change, not one per connection.
+    """
+
+    def __init__(self, security: WebSecurity, interval: float) -> None:
+        if security.source is None:
+            raise ValueError("this WebSecurity was not loaded from a file")
+        self._path = security.source
+        self._current = security
+        self._seen = security.stamp  # the files as last acted on, whether loaded or refused
+        self._interval = interval
+        self._due = time.monotonic() + interval
+        self._lock = threading.Lock()
+        self.failures = 0
+        self.last_reload_ok = True
+
+    def current(self) -> WebSecurity:
+        now = time.monotonic()
+        if now >= self._due:
+            with self._lock:
+                if now >= self._due:  # else another thread checked meanwhile
+                    self._due = now + self._interval
+                    if _stamp(path for path, _ in self._seen) != self._seen:
+                        self._reload(forced=False)
+        return self._current
+
+    def reload(self) -> bool:
+        """Loads the file now, changed or not (SIGHUP); False if the running configuration stays."""
+        with self._lock:
+            return self._reload(forced=True)
+
+    def _reload(self, forced: bool) -> bool:
+        try:
+            new = self._load()
+        except WebConfigError as exc:
+            self._refuse(exc, forced)
+            return False
+        self._current, self._seen, self.last_reload_ok = new, new.stamp, True
+        event(log, "web config reloaded", file=str(self._path))
+        if new.auth is not None and new.tls is None:
+            log.warning(
+                "--web-config: basic_auth_users without tls_server_config: passwords cross the "
+                "network in clear text"
+            )
+        return True
+
+    def _load(self) -> WebSecurity:
+        try:
+            new = load(self._path, self._current)
+        except WebConfigError:
+            raise
+        except Exception as exc:
+            # A race with a writer (a file gone between two reads) or a bug: this runs before a
+            # handshake, so it must cost a warning, never the connection.
+            seen = _stamp(path for path, _ in self._seen)
+            raise WebConfigError(f"--web-config {self._path}: {exc!r}", seen) from exc
+        # The listening socket and the URLs Prometheus scrapes are either HTTP or HTTPS.
+        if (new.tls is None) != (self._current.tls is None):
+            change = "removes" if new.tls is None else "adds"
+            raise WebConfigError(
+                f"--web-config {self._path}: the file {change} tls_server_config; switching "
+                "between HTTP and HTTPS needs a restart",
+                new.stamp,
+            )
+        return new
+
+    def _refuse(self, exc: WebConfigError, forced: bool) -> None:
+        # Remembering the refused files' state is what keeps this to one warning per change.
+        if forced or exc.stamp != self._seen:
+            log.warning("web config reload failed, keeping the running one: %s", exc)
+            self.failures += 1
+        self._seen, self.last_reload_ok = exc.stamp, False

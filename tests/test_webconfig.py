@@ -1,11 +1,14 @@
 """--web-config for real: certificates made by openssl, a real TLS client that verifies them,
-basic auth against bcrypt hashes, client certificates, the daemon end to end, and one-line errors
-for bad files."""
+basic auth against bcrypt hashes, client certificates, the daemon end to end, one-line errors
+for bad files, and changes to the files picked up while the server runs."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
+import logging
+import os
 import signal
 import socket
 import ssl
@@ -13,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ import yaml
 from netmon import webconfig
 from netmon.errors import UsageError
 from netmon.exporter import MetricsServer, Snapshot, make_registry
-from netmon.webconfig import BasicAuth, WebSecurity
+from netmon.webconfig import BasicAuth, WebConfigReloader, WebSecurity
 from tests.conftest import wait_for
 from tests.daemon_harness import _SERVING, fast_config
 
@@ -89,21 +92,29 @@ def tls_section(pki: Pki, **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def serve() -> Iterator[Any]:
+def server() -> Iterator[Callable[..., MetricsServer]]:
     servers: list[MetricsServer] = []
 
-    def start(security: WebSecurity, **options: Any) -> int:
+    def start(security: WebSecurity, **options: Any) -> MetricsServer:
         server = MetricsServer(
             "127.0.0.1", 0, make_registry(lambda: Snapshot()), security=security, **options
         )
         server.serve_in_thread()
         servers.append(server)
-        return int(server.server_address[1])
+        return server
 
     yield start
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def serve(server: Callable[..., MetricsServer]) -> Callable[..., int]:
+    def start(security: WebSecurity, **options: Any) -> int:
+        return int(server(security, **options).server_address[1])
+
+    return start
 
 
 def client_context(pki: Pki, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
@@ -447,6 +458,23 @@ def test_daemon_serves_metrics_over_tls_with_basic_auth(pki: Pki, tmp_path: Path
             return "netmon_probe_runs_total{probe=" in text and "netmon_build_info" in text
 
         wait_for(scraped_runs, 30, "an authenticated scrape over TLS", poll=0.2)
+
+        # SIGHUP reads the web-config again, even a change its file states do not show (same
+        # size, inode and mtime), which only the signal can pick up.
+        before = web.stat()
+        document = {"tls_server_config": tls_section(pki), "basic_auth_users": {"prom": NEW_HASH}}
+        web.write_text(yaml.safe_dump(document))
+        os.utime(web, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert (web.stat().st_size, web.stat().st_ino) == (before.st_size, before.st_ino)
+        proc.send_signal(signal.SIGHUP)
+        wait_for(
+            lambda: get(port, context, headers=basic("prom", NEW_PASSWORD)).status == 200,
+            30,
+            "the new password after SIGHUP",
+            poll=0.2,
+        )
+        assert get(port, context, headers=basic("prom", PASSWORD)).status == 401
+        assert "web config reloaded" in log_path.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:
@@ -473,3 +501,201 @@ def test_concurrent_authenticated_scrapes(pki: Pki, tmp_path: Path, serve: Any) 
     for thread in threads:
         thread.join(30)
     assert statuses == [200] * 20
+
+
+# --- changes to the files, picked up while the server runs
+
+SAN = "subjectAltName=IP:127.0.0.1,DNS:localhost"
+NEW_PASSWORD = "battery staple"
+NEW_HASH = bcrypt.hashpw(NEW_PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def rewrite(path: Path, data: bytes | str) -> None:
+    """Writes over `path` in place (same inode) and moves its mtime on, so that the change shows
+    even where the file system's timestamps are coarser than the test."""
+    before = path.stat().st_mtime_ns
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    after = path.stat()
+    if after.st_mtime_ns <= before:
+        os.utime(path, ns=(after.st_atime_ns, before + 1_000_000_000))
+
+
+def fingerprint(cert: Path) -> str:
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(cert.read_text())).hexdigest()
+
+
+def served_fingerprint(port: int, context: ssl.SSLContext) -> str:
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with context.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return hashlib.sha256(der).hexdigest()
+
+
+def reload_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if record.getMessage().startswith("web config reload failed")
+    ]
+
+
+def test_a_rotated_certificate_reaches_new_connections(
+    pki: Pki, tmp_path: Path, server: Callable[..., MetricsServer]
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(pki.server_cert.read_bytes())
+    key.write_bytes(pki.server_key.read_bytes())
+    web = write_config(
+        tmp_path, {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}}
+    )
+    metrics = server(webconfig.load(web), request_timeout=30.0)
+    port = int(metrics.server_address[1])
+    renewed = self_signed(tmp_path, "renewed", "-addext", SAN)
+    moved = self_signed(tmp_path, "moved", "-addext", SAN)
+    context = client_context(pki)
+    for trusted, _ in (renewed, moved):
+        context.load_verify_locations(cafile=str(trusted))
+    assert served_fingerprint(port, context) == fingerprint(pki.server_cert)
+    kept = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    kept.request("GET", "/metrics")
+    assert kept.getresponse().read() and kept.sock is not None
+
+    # Renewed in place (cert-manager, certbot): for a moment the key does not match the cert.
+    rewrite(cert, renewed[0].read_bytes())
+    rewrite(key, renewed[1].read_bytes())
+    wanted = fingerprint(renewed[0])
+    wait_for(lambda: served_fingerprint(port, context) == wanted, 20, "the renewed certificate")
+    # A connection opened before keeps its session, as with exporter-toolkit.
+    kept.request("GET", "/metrics")
+    assert kept.getresponse().status == 200
+    assert hashlib.sha256(kept.sock.getpeercert(True) or b"").hexdigest() == fingerprint(
+        pki.server_cert
+    )
+    kept.close()
+
+    # The web-config names other files.
+    rewrite(
+        web,
+        yaml.safe_dump({"tls_server_config": {"cert_file": "moved.crt", "key_file": "moved.key"}}),
+    )
+    wanted = fingerprint(moved[0])
+    wait_for(lambda: served_fingerprint(port, context) == wanted, 20, "the certificate moved to")
+    assert metrics.web_config is not None and metrics.web_config.failures <= 1  # the moment above
+    assert metrics.web_config.last_reload_ok
+
+
+def test_a_changed_password_applies_to_open_and_new_connections(
+    pki: Pki, tmp_path: Path, serve: Callable[..., int]
+) -> None:
+    document: dict[str, Any] = {
+        "tls_server_config": tls_section(pki),
+        "basic_auth_users": {"prometheus": HASH},
+    }
+    web = write_config(tmp_path, document)
+    port = serve(webconfig.load(web), request_timeout=30.0)
+    context = client_context(pki)
+    assert get(port, context, headers=basic("prometheus", PASSWORD)).status == 200
+    kept = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=5)
+    kept.request("GET", "/metrics", headers=basic("prometheus", PASSWORD))
+    assert kept.getresponse().read()
+
+    rewrite(web, yaml.safe_dump({**document, "basic_auth_users": {"prometheus": NEW_HASH}}))
+    wait_for(
+        lambda: get(port, context, headers=basic("prometheus", NEW_PASSWORD)).status == 200,
+        20,
+        "the new password to be accepted",
+    )
+    assert get(port, context, headers=basic("prometheus", PASSWORD)).status == 401
+    # Checked on every request, as exporter-toolkit does: a kept-alive connection does not keep a
+    # revoked password working.
+    kept.request("GET", "/metrics", headers=basic("prometheus", PASSWORD))
+    response = kept.getresponse()
+    response.read()
+    assert response.status == 401
+    kept.close()
+
+
+def test_an_invalid_file_keeps_the_last_good_one_and_warns_once_per_change(
+    pki: Pki,
+    tmp_path: Path,
+    server: Callable[..., MetricsServer],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="netmon.webconfig")
+    good: dict[str, Any] = {
+        "tls_server_config": tls_section(pki),
+        "basic_auth_users": {"prometheus": HASH},
+        "http_server_config": {"headers": {"X-Frame-Options": "deny"}},
+    }
+    web = write_config(tmp_path, good)
+    # Every connection checks the files, so each scrape below is a chance to warn again.
+    metrics = server(webconfig.load(web), web_config_check_s=0.0)
+    reloader = metrics.web_config
+    assert reloader is not None
+    port, context = int(metrics.server_address[1]), client_context(pki)
+    tls = good["tls_server_config"]
+    later = tmp_path / "later.crt"
+    cases: list[tuple[dict[str, Any] | str, str]] = [
+        ("tls_server_config: [unclosed", "not valid YAML"),
+        ({**good, "tls_server_config": {**tls, "key_file": str(pki.rogue_key)}}, "does not match"),
+        ({**good, "basic_auth_users": {"prometheus": "$2b$10$short"}}, "not a bcrypt hash"),
+        ({**good, "tls_server_config": {**tls, "cert_file": str(later)}}, "No such file"),
+        ({**good, "tls_server_config": None}, "switching between HTTP and HTTPS needs a restart"),
+    ]
+    for number, (document, expected) in enumerate(cases, 1):
+        rewrite(web, document if isinstance(document, str) else yaml.safe_dump(document))
+        for _ in range(5):
+            response = get(port, context, headers=basic("prometheus", PASSWORD))
+            assert response.status == 200 and response.getheader("X-Frame-Options") == "deny"
+        warnings = reload_warnings(caplog)
+        assert len(warnings) == number, warnings
+        assert expected in warnings[-1] and str(web) in warnings[-1], warnings[-1]
+        assert reloader.failures == number and not reloader.last_reload_ok
+    assert "$2b$10$short" not in caplog.text  # a refused hash is not echoed
+
+    # The files a refused configuration names are followed too: the missing certificate appears.
+    rewrite(web, yaml.safe_dump({**good, "tls_server_config": {**tls, "cert_file": str(later)}}))
+    assert get(port, context, headers=basic("prometheus", PASSWORD)).status == 200
+    later.write_bytes(pki.server_cert.read_bytes())
+    assert get(port, context, headers=basic("prometheus", PASSWORD)).status == 200
+    assert reloader.last_reload_ok
+    # Fixed: the new file applies at the next connection, without a warning.
+    rewrite(web, yaml.safe_dump({**good, "basic_auth_users": {"prometheus": NEW_HASH}}))
+    assert get(port, context, headers=basic("prometheus", NEW_PASSWORD)).status == 200
+    assert get(port, context, headers=basic("prometheus", PASSWORD)).status == 401
+    assert len(reload_warnings(caplog)) == len(cases) + 1  # + the refusal of the missing cert
+    assert reloader.last_reload_ok
+    assert caplog.text.count("web config reloaded") == 2
+
+
+def test_a_reload_keeps_the_checked_passwords_when_the_users_are_unchanged(
+    pki: Pki, tmp_path: Path
+) -> None:
+    document: dict[str, Any] = {"basic_auth_users": {"prometheus": HASH}}
+    web = write_config(tmp_path, document)
+    reloader = WebConfigReloader(webconfig.load(web), interval=0.0)
+    first = reloader.current()
+    header = {"X-Content-Type-Options": "nosniff"}
+    rewrite(web, yaml.safe_dump({**document, "http_server_config": {"headers": header}}))
+    second = reloader.current()
+    assert second.headers == (("X-Content-Type-Options", "nosniff"),)
+    assert second.auth is first.auth  # its cache of checked passwords with it
+    rewrite(web, yaml.safe_dump({"basic_auth_users": {"prometheus": NEW_HASH}}))
+    assert reloader.current().auth is not first.auth
+
+
+def test_sighup_path_reloads_even_when_the_files_look_unchanged(tmp_path: Path) -> None:
+    web = write_config(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
+    reloader = WebConfigReloader(webconfig.load(web), interval=0.0)
+    before = web.stat()
+    web.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": NEW_HASH}}))
+    os.utime(web, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = web.stat()
+    assert (after.st_size, after.st_ino) == (before.st_size, before.st_ino)  # same length hashes
+    old, new = (basic("prometheus", p)["Authorization"] for p in (PASSWORD, NEW_PASSWORD))
+    unchanged = reloader.current().auth
+    assert unchanged is not None and unchanged.check(old)  # the change does not show
+    assert reloader.reload()
+    auth = reloader.current().auth
+    assert auth is not None and auth.check(new) and not auth.check(old)
