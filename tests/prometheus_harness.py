@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -16,12 +17,29 @@ import yaml
 
 from tests.conftest import wait_for
 
+_handed_out: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port free now, chosen below the kernel's ephemeral range: a port the kernel handed out
+    could be given again to some connection's local end before the process under test binds it
+    (seen in CI as EADDRINUSE on a group member port)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randint(10000, max(10001, low - 1))
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    raise RuntimeError(f"no free port between 10000 and {low}")
 
 
 def require(binary: str) -> str:
