@@ -39,7 +39,11 @@ def test_quick_single_round_prints_a_complete_document() -> None:
             assert positive(entry["ratios"][timing]["busbw"])
             assert positive(entry["ratios"][timing]["latency"])
 
-    assert [t["name"] for t in doc["targets"]] == ["busbw_16MiB", "latency_8B"]
+    assert [t["name"] for t in doc["targets"]] == [
+        "busbw_16MiB",
+        "latency_8B",
+        "latency_8B_same_statistic",
+    ]
     for target in doc["targets"]:
         assert target["median_ratio"] > 0 and isinstance(target["met"], bool)
         low, high = target["median_interval"]
