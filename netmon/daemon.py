@@ -25,7 +25,7 @@ from netmon import baseline, idle
 from netmon.config import NetmonConfig
 from netmon.coordinator import Coordinator
 from netmon.errors import UsageError
-from netmon.exporter import MetricsServer, make_registry
+from netmon.exporter import MetricsServer, SnapshotPage
 from netmon.group import bind_address, identify_self, member_port
 from netmon.groupauth import Sealer, group_secret
 from netmon.grouplink import GroupError, GroupLink
@@ -148,7 +148,7 @@ class Daemon:
             self.server = MetricsServer(
                 config.listen_host,
                 config.listen_port,
-                make_registry(self.results.snapshot),
+                SnapshotPage(self.results.snapshot),
                 security=web,
             )
         except OSError as exc:

@@ -496,6 +496,30 @@ def make_registry(current: Callable[[], Snapshot]) -> CollectorRegistry:
     return registry
 
 
+class SnapshotPage:
+    """/metrics as bytes, rendered once per snapshot rather than once per scrape.
+
+    A snapshot is immutable and every family comes from it (none is measured at scrape time), so
+    its exposition never changes: many Prometheus servers, or one scraping often, cost one render
+    per change of results. Concurrent scrapes of a new snapshot wait for one render.
+    """
+
+    def __init__(self, current: Callable[[], Snapshot]) -> None:
+        self._current = current
+        self._lock = threading.Lock()
+        self._rendered: tuple[Snapshot, bytes] | None = None
+        self.renders = 0
+
+    def __call__(self) -> bytes:
+        snapshot = self._current()
+        with self._lock:
+            if self._rendered is None or self._rendered[0] is not snapshot:
+                page = generate_latest(make_registry(lambda: snapshot))
+                self._rendered = (snapshot, page)
+                self.renders += 1
+            return self._rendered[1]
+
+
 # --- HTTP: bounded against hostile or broken clients (docs/SECURITY.md)
 
 # What a client may send before it is answered. Prometheus sends a request line of a few dozen
@@ -625,7 +649,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers = {"WWW-Authenticate": 'Basic realm="netmon"'}
             self._send(401, b"unauthorized\n", "text/plain; charset=utf-8", headers)
         elif path == "/metrics":
-            self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+            self._send(200, self.server.page(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/":
@@ -678,14 +702,17 @@ class MetricsServer(ThreadingHTTPServer):
         self,
         host: str,
         port: int,
-        registry: CollectorRegistry,
+        page: CollectorRegistry | Callable[[], bytes],
         *,
         security: WebSecurity | None = None,
         request_timeout: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         web_config_check_s: float = WEB_CONFIG_CHECK_S,
     ) -> None:
-        self.registry = registry
+        # What /metrics serves: a SnapshotPage, or any registry, rendered on every scrape.
+        self.page: Callable[[], bytes] = (
+            (lambda: generate_latest(page)) if isinstance(page, CollectorRegistry) else page
+        )
         self._security = security
         self.web_config = _follow(security, web_config_check_s)
         self.request_timeout = request_timeout

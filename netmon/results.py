@@ -99,7 +99,14 @@ class Results:
         pause = self._config.pause_file
         snapshot = self._snapshot
         paused = bool(pause and pause.exists())
-        return snapshot if snapshot.paused == paused else replace(snapshot, paused=paused)
+        if snapshot.paused == paused:
+            return snapshot
+        with self._lock:
+            # Published like any change, so every scrape until the next one sees one object
+            # (the exporter renders once per snapshot).
+            if self._snapshot is snapshot:
+                self._snapshot = replace(snapshot, paused=paused)
+            return self._snapshot
 
     def skip(self, probe: str, reason: str) -> None:
         with self._lock:

@@ -35,6 +35,7 @@ from netmon.exporter import (
     ProbeStats,
     SeriesPoint,
     Snapshot,
+    SnapshotPage,
     make_registry,
 )
 from netmon.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
@@ -341,7 +342,8 @@ def test_the_documented_contract_matches_what_is_exported() -> None:
 @pytest.fixture
 def server() -> Iterator[tuple[MetricsServer, list[Snapshot]]]:
     current = [SNAPSHOT]
-    metrics = MetricsServer("127.0.0.1", 0, make_registry(lambda: current[0]))
+    # As the daemon serves it: rendered once per snapshot.
+    metrics = MetricsServer("127.0.0.1", 0, SnapshotPage(lambda: current[0]))
     thread = metrics.serve_in_thread()
     try:
         yield metrics, current
@@ -366,6 +368,36 @@ def request(
         return response.status, response, response.read()
     finally:
         connection.close()
+
+
+def test_a_snapshot_is_rendered_once_however_many_scrape_it(
+    server: tuple[MetricsServer, list[Snapshot]],
+) -> None:
+    metrics, current = server
+    page = metrics.page
+    assert isinstance(page, SnapshotPage)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        bodies = list(pool.map(lambda _: request(metrics, "GET", "/metrics")[2], range(24)))
+    assert len(set(bodies)) == 1 and page.renders == 1
+    assert bodies[0] == generate_latest(make_registry(lambda: SNAPSHOT))
+    replacement = dataclasses.replace(LARGE, busbw=42.0)
+    current[0] = dataclasses.replace(SNAPSHOT, series=(replacement,))
+    body = request(metrics, "GET", "/metrics")[2]
+    assert page.renders == 2
+    assert b'path="nv4",probe="large",size_bytes="268435456"} 42.0' in body
+
+
+def test_results_give_one_snapshot_object_while_nothing_changes(
+    setup: tuple[NetmonConfig, Results, Path], tmp_path: Path
+) -> None:
+    _, results, _ = setup
+    first = results.snapshot()
+    assert results.snapshot() is first and not first.paused
+    (tmp_path / "pause").touch()
+    paused = results.snapshot()
+    assert paused.paused and results.snapshot() is paused  # not a new copy per scrape
+    (tmp_path / "pause").unlink()
+    assert not results.snapshot().paused
 
 
 def test_http_metrics_healthz_and_errors(server: tuple[MetricsServer, list[Snapshot]]) -> None:
