@@ -8,6 +8,7 @@ save state and exit 0 within the grace period.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -80,6 +81,17 @@ def _idle_source(config: NetmonConfig) -> idle.IdleSource:
         return _FailingSource(str(exc))
 
 
+def _kubelet_guard(
+    source: idle.IdleSource, policy: Callable[[], idle.IdlePolicy]
+) -> idle.IdleSource:
+    # Always in place, passing readings through while idle.kubelet_socket is unset, so that a
+    # reload can turn the kubelet's answer on or off. POD_NAME/POD_NAMESPACE come from the
+    # downward API: GPUs given to netmon's own pod are not a job's.
+    from netmon.kubelet import KubeletGuard, own_pod
+
+    return KubeletGuard(source, policy, own_pod(os.environ))
+
+
 def _topology(config: NetmonConfig) -> Topology | None:
     """From the configured file, else NVML on GPU nodes; None leaves pairs to the CPU ranks."""
     if config.topology_file is not None:
@@ -129,7 +141,7 @@ class Daemon:
             config,
             self.results,
             DeviceLocks(),
-            idle_source or _idle_source(config),
+            _kubelet_guard(idle_source or _idle_source(config), lambda: self.config.idle),
             self.stopping,
         )
         self.runner.topology = _topology(config)

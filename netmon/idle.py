@@ -10,27 +10,34 @@ import json
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from netmon.bandwidth import parse_size
+from netmon.podresources import GpuAllocations
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
 
 # Every label value a decision can carry, so an exporter can export 0 for each. The order is the
 # precedence when several apply: conditions that will not clear by themselves (NVML broken, GPU
 # gone, MIG, compute mode) come first, so the label points at what an operator must fix.
+# The kubelet's reasons (netmon.kubelet): "kubelet_error" (it could not be asked) is an operator's
+# to fix, like nvml_error. "gpu_allocated" comes after the busy_* reasons, so a job that runs keeps
+# its gpu_busy_process label (alerts exclude those) and gpu_allocated marks what NVML alone would
+# have let through: a pod holds the GPU but shows no process, utilization or memory yet.
 Reason = Literal[
     "nvml_error",
+    "kubelet_error",
     "gpu_missing",
     "gpu_mig",
     "gpu_compute_mode",
     "gpu_busy_process",
     "gpu_busy_utilization",
     "gpu_busy_memory",
+    "gpu_allocated",
     "gpu_unknown",
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
@@ -54,14 +61,33 @@ class IdlePolicy(BaseModel):
     # EXCLUSIVE_PROCESS: our rank's context would stop a job's process from starting on the GPU.
     require_default_compute_mode: bool = True
     # A reading NVML could not take (utilization, memory, the process list) blocks probing: a GPU
-    # we cannot see into may be running a job. False trusts whatever could be read.
+    # we cannot see into may be running a job. False trusts whatever could be read. The same
+    # holds for a kubelet that cannot be asked (kubelet_socket).
     unknown_is_busy: bool = True
+    # The kubelet's pod-resources socket (Kubernetes): a GPU a device plugin gave to a pod other
+    # than netmon's own is busy even before the pod's process starts. None (default): not asked.
+    kubelet_socket: Path | None = None
 
     @field_validator("max_memory_used", mode="before")
     @classmethod
     def _memory_size(cls, value: object) -> object:
         # A configuration file says "1G" (binary, as every size in netmon).
         return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("kubelet_socket", mode="before")
+    @classmethod
+    def _socket_or_off(cls, value: object) -> object:
+        # NETMON_IDLE__KUBELET_SOCKET= (empty) turns it off, as leaving it out of the file does.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("kubelet_socket")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
+            raise ValueError(
+                "use an absolute path, like /var/lib/kubelet/pod-resources/kubelet.sock"
+            )
+        return value
 
 
 @dataclass(frozen=True)
@@ -83,6 +109,10 @@ class GpuReading:
     process_memory: tuple[int | None, ...] = ()
     # False when the process list could not be read: then `compute_pids` being empty proves nothing.
     processes_known: bool = True
+    # Set from the kubelet (netmon.kubelet.KubeletGuard), else None: the pod (not netmon's own) a
+    # device plugin gave this GPU to, or why the kubelet could not say.
+    allocated_to: str | None = None
+    allocation_error: str | None = None
 
     def name(self) -> str:
         return f"GPU {self.index} ({self.uuid})"
@@ -184,6 +214,10 @@ def _findings(
             )
         )
 
+    held = sorted({r.allocated_to for r in present if r.allocated_to is not None})
+    if held:
+        found.append(("gpu_allocated", f"allocated to {'; '.join(held)}"))
+
     if policy.unknown_is_busy:
         blind = []
         if any(r.utilization is None for r in present):
@@ -194,6 +228,9 @@ def _findings(
             blind.append("processes")
         if blind:
             found.append(("gpu_unknown", f"NVML cannot report {', '.join(blind)}"))
+        failures = sorted({r.allocation_error for r in present if r.allocation_error is not None})
+        if failures:
+            found.append(("kubelet_error", f"the kubelet cannot say who holds it: {failures[0]}"))
     return found
 
 
@@ -235,6 +272,35 @@ def source_failed(devices: Sequence[str], error: BaseException) -> IdleDecision:
         detail=f"NVML reading failed: {error}",
         busy=dict.fromkeys(devices, "nvml_error"),
     )
+
+
+def with_allocations(
+    readings: Sequence[GpuReading], allocations: GpuAllocations
+) -> list[GpuReading]:
+    """`readings` with `allocated_to` set on every GPU that the kubelet says a pod holds.
+
+    Where the kubelet's device IDs do not name the GPU, this errs towards busy: an allocated MIG
+    device ("MIG-<uuid>") marks every GPU in MIG mode, and an ID that is no UUID at all (another
+    device plugin's naming) marks every GPU.
+    """
+    marked = []
+    for reading in readings:
+        holder = allocations.gpus.get(reading.uuid.lower())
+        why = ""
+        if holder is None and reading.mig_enabled and allocations.mig:
+            holder = allocations.mig[0]
+            why = f" (MIG device {holder.device_id}: the kubelet does not say on which GPU)"
+        if holder is None and allocations.unmapped:
+            holder = allocations.unmapped[0]
+            why = f" (device {holder.device_id!r} is no GPU UUID: any GPU may be the one)"
+        text = None if holder is None else f"{holder}{why}"
+        marked.append(replace(reading, allocated_to=text, allocation_error=None))
+    return marked
+
+
+def allocation_unknown(readings: Sequence[GpuReading], error: str) -> list[GpuReading]:
+    """`readings` marked as not knowing which pods hold GPUs, because the kubelet failed."""
+    return [replace(r, allocated_to=None, allocation_error=error) for r in readings]
 
 
 def foreign_processes(

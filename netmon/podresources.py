@@ -1,0 +1,250 @@
+"""The kubelet's pod-resources answer: its protobuf bytes decoded by hand, and which GPUs pods hold.
+
+Pure: no I/O and no protobuf runtime, so a kubelet with fields we have never seen still parses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+# The messages, from k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (kubernetes/kubernetes,
+# staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto): only the fields read here.
+#   ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
+#   PodResources { string name = 1; string namespace = 2;
+#                  repeated ContainerResources containers = 3; }
+#   ContainerResources { string name = 1; repeated ContainerDevices devices = 2;
+#                        (cpu_ids = 3, memory = 4, dynamic_resources = 5: skipped) }
+#   ContainerDevices { string resource_name = 1; repeated string device_ids = 2;
+#                      (topology = 3: skipped) }
+_VARINT, _FIXED64, _LEN, _GROUP_START, _GROUP_END, _FIXED32 = range(6)
+# protobuf's own parsers stop at 100 levels; only unknown groups can nest here.
+_MAX_DEPTH = 100
+_MASK64 = (1 << 64) - 1
+
+# Device plugin resources whose IDs must be GPUs even when they are not NVIDIA UUIDs (another
+# plugin's "nvidia0"). Other nvidia.com/ resources (NICs of the network operator, by PCI address)
+# count only through IDs that are GPU or MIG UUIDs.
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+_VENDOR = "nvidia.com/"
+
+
+class DecodeError(ValueError):
+    """The bytes are not a ListPodResourcesResponse in protobuf wire format."""
+
+
+@dataclass(frozen=True)
+class ContainerDevices:
+    resource_name: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContainerResources:
+    name: str
+    devices: tuple[ContainerDevices, ...]
+
+
+@dataclass(frozen=True)
+class PodResources:
+    name: str
+    namespace: str
+    containers: tuple[ContainerResources, ...]
+
+
+def _varint(data: bytes, pos: int, message: str) -> tuple[int, int]:
+    start, result = pos, 0
+    for shift in range(0, 70, 7):  # at most 10 bytes carry a 64-bit value
+        if pos >= len(data):
+            raise DecodeError(f"{message}: varint at byte {start} runs past the end")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result & _MASK64, pos
+    raise DecodeError(f"{message}: varint at byte {start} is longer than 10 bytes")
+
+
+def _tag(data: bytes, pos: int, message: str) -> tuple[int, int, int]:
+    tag, after = _varint(data, pos, message)
+    number, wire = tag >> 3, tag & 7
+    if number == 0 or number >= 1 << 29:
+        raise DecodeError(f"{message}: field number {number} at byte {pos} is not valid")
+    return number, wire, after
+
+
+def _skip(data: bytes, pos: int, number: int, wire: int, message: str, depth: int) -> int:
+    """The position after a field's value, for every wire type (groups included)."""
+    if wire == _VARINT:
+        return _varint(data, pos, message)[1]
+    if wire in (_FIXED64, _FIXED32):
+        end = pos + (8 if wire == _FIXED64 else 4)
+        if end > len(data):
+            raise DecodeError(f"{message}: fixed-width field {number} runs past the end")
+        return end
+    if wire == _LEN:
+        return _length_delimited(data, pos, number, message)[1]
+    if wire == _GROUP_START:
+        if depth >= _MAX_DEPTH:
+            raise DecodeError(f"{message}: groups nested deeper than {_MAX_DEPTH}")
+        while True:
+            if pos >= len(data):
+                raise DecodeError(f"{message}: group {number} is not closed")
+            inner, inner_wire, pos = _tag(data, pos, message)
+            if inner_wire == _GROUP_END:
+                if inner != number:
+                    raise DecodeError(f"{message}: group {number} closed as {inner}")
+                return pos
+            pos = _skip(data, pos, inner, inner_wire, message, depth + 1)
+    if wire == _GROUP_END:
+        raise DecodeError(f"{message}: end of group {number} that was never opened")
+    raise DecodeError(f"{message}: field {number} has wire type {wire}, which does not exist")
+
+
+def _length_delimited(data: bytes, pos: int, number: int, message: str) -> tuple[bytes, int]:
+    length, pos = _varint(data, pos, message)
+    end = pos + length
+    if end > len(data):
+        raise DecodeError(
+            f"{message}: field {number} claims {length} bytes, {len(data) - pos} are left"
+        )
+    return data[pos:end], end
+
+
+def _fields(data: bytes, message: str) -> Iterator[tuple[int, bytes]]:
+    """(field number, bytes) of every length-delimited field; all others are checked, skipped.
+
+    Every field read here is a string or a message. A known number with another wire type is
+    skipped as unknown, which is what protobuf's own parsers do.
+    """
+    pos = 0
+    while pos < len(data):
+        number, wire, pos = _tag(data, pos, message)
+        if wire == _LEN:
+            value, pos = _length_delimited(data, pos, number, message)
+            yield number, value
+        else:
+            pos = _skip(data, pos, number, wire, message, 0)
+
+
+def _text(value: bytes, message: str, name: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"{message}.{name}: not UTF-8 (byte {exc.start})") from None
+
+
+def _devices(data: bytes) -> ContainerDevices:
+    message = "ContainerDevices"
+    resource, ids = "", []
+    for number, value in _fields(data, message):
+        if number == 1:
+            resource = _text(value, message, "resource_name")
+        elif number == 2:
+            ids.append(_text(value, message, "device_ids"))
+    return ContainerDevices(resource, tuple(ids))
+
+
+def _container(data: bytes) -> ContainerResources:
+    message = "ContainerResources"
+    name, devices = "", []
+    for number, value in _fields(data, message):
+        if number == 1:
+            name = _text(value, message, "name")
+        elif number == 2:
+            devices.append(_devices(value))
+    return ContainerResources(name, tuple(devices))
+
+
+def _pod(data: bytes) -> PodResources:
+    message = "PodResources"
+    name, namespace, containers = "", "", []
+    for number, value in _fields(data, message):
+        if number == 1:
+            name = _text(value, message, "name")
+        elif number == 2:
+            namespace = _text(value, message, "namespace")
+        elif number == 3:
+            containers.append(_container(value))
+    return PodResources(name, namespace, tuple(containers))
+
+
+def decode_list_response(data: bytes) -> tuple[PodResources, ...]:
+    """The pods of a ListPodResourcesResponse; DecodeError names what is wrong with the bytes."""
+    return tuple(
+        _pod(value)
+        for number, value in _fields(bytes(data), "ListPodResourcesResponse")
+        if number == 1
+    )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A container the kubelet gave a device to."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str  # as the kubelet reports it, replica suffix and all
+
+    def __str__(self) -> str:
+        return f"pod {self.namespace}/{self.pod} container {self.container} ({self.resource})"
+
+
+@dataclass(frozen=True)
+class GpuAllocations:
+    """Which GPUs pods hold, keyed so that an NVML reading can be matched against them."""
+
+    # Lower-case "gpu-..." UUID -> holder. A GPU shared by time-slicing replicas keeps one holder.
+    gpus: dict[str, Allocation] = field(default_factory=dict)
+    # MIG devices by "MIG-<uuid>": the kubelet does not say on which GPU they are.
+    mig: tuple[Allocation, ...] = ()
+    # IDs of a GPU resource that are no NVIDIA UUID at all (another device plugin's naming).
+    unmapped: tuple[Allocation, ...] = ()
+
+
+def device_uuid(device_id: str) -> str:
+    """The device's UUID without the time-slicing/MPS replica suffix ("GPU-...::3" -> "GPU-...").
+
+    NVIDIA's device plugin advertises replica N of a shared GPU as "<uuid>::<N>"
+    (NewAnnotatedID in internal/rm/devices.go of NVIDIA/k8s-device-plugin).
+    """
+    return device_id.split("::", 1)[0]
+
+
+def gpu_allocations(
+    pods: Iterable[PodResources], own_pod: tuple[str, str] | None = None
+) -> GpuAllocations:
+    """The GPUs held by pods other than `own_pod` (namespace, name), from any nvidia.com/ resource.
+
+    UUID forms, as NVIDIA/k8s-device-plugin's api/config/v1/replicas.go accepts them:
+    "GPU-<uuid>", "MIG-<uuid>", and the older "MIG-GPU-<uuid>/<gi>/<ci>", which names its GPU.
+    """
+    gpus: dict[str, Allocation] = {}
+    mig: list[Allocation] = []
+    unmapped: list[Allocation] = []
+    for pod in pods:
+        if own_pod is not None and (pod.namespace, pod.name) == own_pod:
+            continue
+        for container in pod.containers:
+            for devices in container.devices:
+                resource = devices.resource_name
+                if _VENDOR not in resource:
+                    continue
+                for device_id in devices.device_ids:
+                    holder = Allocation(
+                        pod.namespace, pod.name, container.name, resource, device_id
+                    )
+                    uuid = device_uuid(device_id).strip()
+                    upper = uuid.upper()
+                    if upper.startswith("MIG-GPU-"):
+                        parent = uuid[len("MIG-") :].split("/", 1)[0]
+                        gpus.setdefault(parent.lower(), holder)
+                    elif upper.startswith("GPU-"):
+                        gpus.setdefault(uuid.lower(), holder)
+                    elif upper.startswith("MIG-"):
+                        mig.append(holder)
+                    elif resource.startswith(GPU_RESOURCE_PREFIXES):
+                        unmapped.append(holder)
+    return GpuAllocations(gpus, tuple(mig), tuple(unmapped))
