@@ -303,6 +303,17 @@ def allocation_unknown(readings: Sequence[GpuReading], error: str) -> list[GpuRe
     return [replace(r, allocated_to=None, allocation_error=error) for r in readings]
 
 
+def allocated_devices(reading: Sequence[GpuReading], devices: Sequence[str]) -> dict[str, str]:
+    """The pod (from the kubelet) holding each of `devices` that one holds; used while a probe
+    runs, so a GPU given to a pod mid-probe ends the probe before the pod's process starts."""
+    out: dict[str, str] = {}
+    for device in dict.fromkeys(devices):
+        found = find_reading(reading, device)
+        if found is not None and found.allocated_to is not None:
+            out[device] = found.allocated_to
+    return out
+
+
 def foreign_processes(
     reading: Sequence[GpuReading], devices: Sequence[str], own_pids: Collection[int]
 ) -> dict[str, tuple[int, ...]]:

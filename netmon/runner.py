@@ -251,7 +251,8 @@ class ProbeRunner:
         return on_event
 
     def _abort_check(self, devices: Sequence[str]) -> Callable[[], str | None]:
-        """Stop for shutdown, pause, or a foreign process on our GPUs (NVML, once a second)."""
+        """Stop for shutdown, pause, or a foreign process on our GPUs or a pod given one (NVML
+        and, when configured, the kubelet; once a second)."""
         next_look = [time.monotonic() + self.foreign_check_s]
 
         def abort() -> str | None:
@@ -266,6 +267,8 @@ class ProbeRunner:
                 except Exception:  # NVML hiccup: keep probing; the next look may succeed
                     return None
                 if idle.foreign_processes(reading, devices, own_processes()):
+                    return "preempted"
+                if idle.allocated_devices(reading, devices):
                     return "preempted"
             return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import threading
 from pathlib import Path
@@ -84,6 +85,12 @@ def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
         assert abort() is None
         runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
         assert abort() == "preempted"
+        # The kubelet gave GPU 1 to a pod whose process has not started: preempted too.
+        given = dataclasses.replace(_reading(1), allocated_to="jobs/train-0/worker")
+        runner.idle_source = idle.ReplaySource([[_reading(0), given]])
+        assert abort() == "preempted"
+        runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1)]])
+        assert abort() is None
     finally:
         rank.kill()
         rank.wait()
