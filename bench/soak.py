@@ -32,7 +32,9 @@ BOUNDS = {
     "threads": 4,
     "children": 4,  # a probe's ranks may be alive at the moment of a sample
     "shm_entries": 0,
-    "listening_sockets": 2,  # the daemon's /metrics, and a probe's rendezvous store at a sample
+    # A probe in flight at the last sample (and not the first) listens with its rendezvous
+    # store and one gloo listener per rank: 3 at the soak's 2 ranks (seen in CI).
+    "listening_sockets": 3,
 }
 _SERVING = re.compile(r"listen\W+https?://127\.0\.0\.1:(\d+)/metrics")
 
