@@ -56,6 +56,7 @@ from netmon.exporter import (
     ProbeStats,
     SeriesPoint,
     Snapshot,
+    SnapshotPage,
     make_registry,
 )
 from netmon.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
@@ -572,10 +573,12 @@ def _lines_by_metric(text: str) -> dict[str, int]:
     return dict(sorted(names.items()))
 
 
-def serve_snapshot(now: float, conn: Connection) -> None:
-    """The child: netmon's MetricsServer over the node snapshot, until terminated."""
+def serve_snapshot(now: float, conn: Connection, per_scrape: bool = False) -> None:
+    """The child: netmon's MetricsServer over the node snapshot, until terminated; rendered
+    once per snapshot as the daemon serves it, or (`per_scrape`) on every scrape, as before."""
     snapshot = node_snapshot(now)
-    server = MetricsServer(HOST, 0, make_registry(lambda: snapshot))
+    page = make_registry(lambda: snapshot) if per_scrape else SnapshotPage(lambda: snapshot)
+    server = MetricsServer(HOST, 0, page)
     conn.send(int(server.server_address[1]))
     conn.close()
     server.serve_forever()
@@ -671,9 +674,46 @@ def measure_metrics(requests: int, repeats: int, limit_s: float) -> dict[str, An
         "in_process_generate_latest_s": _timed(lambda: generate_latest(linked_registry), repeats),
         "served": False,
     }
+    levels, exit_code = _serve_and_load(now, requests, limit_s, per_scrape=False)
+    # The same load against the same snapshot rendered at every scrape, for the ratio.
+    per_scrape, _ = _serve_and_load(now, requests, limit_s, per_scrape=True)
+    return {
+        "node": {
+            "gpus": GPUS,
+            "series_points": len(snapshot.series),
+            "probes": len(snapshot.probes),
+            "layout": "small (4 sizes) and large (3 sizes) on paths default and pcie; 28 pair "
+            "probes pairs_A_B x paths nvlink, pcie x sizes 8, 256M (sendrecv)",
+        },
+        "series_lines": _series_lines(text),
+        "lines_by_metric": _lines_by_metric(text),
+        "response_bytes": len(text.encode()),
+        "in_process": in_process,
+        "exporter_pair_model": linked_layout,
+        "server": "netmon.exporter.MetricsServer in a spawned process; HTTP/1.1 keep-alive "
+        "clients in threads of the bench process",
+        "requests_per_level": requests,
+        "levels": levels,
+        "levels_rendered_per_scrape": per_scrape,
+        # p50 latency, rendered per scrape over rendered once per snapshot, per concurrency.
+        "p50_ratio_per_scrape_vs_per_snapshot": [
+            _p50(slow) / _p50(fast) if _p50(fast) else None
+            for slow, fast in zip(per_scrape, levels, strict=True)
+        ],
+        "server_exit_code": exit_code,
+    }
+
+
+def _p50(level: dict[str, Any]) -> float:
+    return float((level["latency_s"] or {}).get("p50", 0.0))
+
+
+def _serve_and_load(
+    now: float, requests: int, limit_s: float, per_scrape: bool
+) -> tuple[list[dict[str, Any]], int | None]:
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    server = context.Process(target=serve_snapshot, args=(now, send), daemon=True)
+    server = context.Process(target=serve_snapshot, args=(now, send, per_scrape), daemon=True)
     server.start()
     send.close()
     levels = []
@@ -694,7 +734,8 @@ def measure_metrics(requests: int, repeats: int, limit_s: float) -> dict[str, An
             )
             latency = level["latency_s"] or {}
             log(
-                f"metrics: concurrency {concurrency}: {level['requests']} requests, "
+                f"metrics ({'per scrape' if per_scrape else 'per snapshot'}): "
+                f"concurrency {concurrency}: {level['requests']} requests, "
                 f"p50 {latency.get('p50', 0) * 1e3:.1f} ms, "
                 f"p99 {latency.get('p99', 0) * 1e3:.1f} ms, "
                 f"{level['requests_per_second'] or 0:.0f}/s"
@@ -707,25 +748,7 @@ def measure_metrics(requests: int, repeats: int, limit_s: float) -> dict[str, An
         if server.is_alive():
             server.kill()
             server.join(5)
-    return {
-        "node": {
-            "gpus": GPUS,
-            "series_points": len(snapshot.series),
-            "probes": len(snapshot.probes),
-            "layout": "small (4 sizes) and large (3 sizes) on paths default and pcie; 28 pair "
-            "probes pairs_A_B x paths nvlink, pcie x sizes 8, 256M (sendrecv)",
-        },
-        "series_lines": _series_lines(text),
-        "lines_by_metric": _lines_by_metric(text),
-        "response_bytes": len(text.encode()),
-        "in_process": in_process,
-        "exporter_pair_model": linked_layout,
-        "server": "netmon.exporter.MetricsServer in a spawned process; HTTP/1.1 keep-alive "
-        "clients in threads of the bench process",
-        "requests_per_level": requests,
-        "levels": levels,
-        "server_exit_code": server.exitcode,
-    }
+    return levels, server.exitcode
 
 
 # ---- 3. the default schedule's duty cycle ----

@@ -74,8 +74,10 @@ def test_metrics_latency(document: dict[str, Any]) -> None:
     assert linked["series_lines"] == sum(linked["lines_by_metric"].values()) > 0
     assert linked["lines_by_metric"]["netmon_link_busbw_bytes_per_second"] == 2 * 28 * 2
     assert linked["in_process_generate_latest_s"]["p50"] > 0
-    assert [level["concurrency"] for level in metrics["levels"]] == [1, 4, 16]
-    for level in metrics["levels"]:
+    both = [*metrics["levels"], *metrics["levels_rendered_per_scrape"]]
+    assert [level["concurrency"] for level in both] == [1, 4, 16] * 2
+    assert len(metrics["p50_ratio_per_scrape_vs_per_snapshot"]) == 3
+    for level in both:
         assert level["error_count"] == 0
         assert level["requests"] > 0 and level["requests_per_second"] > 0
         latency = level["latency_s"]
