@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from netmon.bandwidth import OpName
+from netmon.bandwidth import OPS, OpName
 from tests.conftest import live_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,15 +25,6 @@ RANKS = 2
 RUNS = 64  # float16 sums of ones reach inf after 16 in-place all_reduces at 2 ranks
 DEADLINE_S = 60.0
 
-OPS: list[OpName] = [
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "alltoall",
-    "sendrecv",
-    "all_gather_object",
-]
 
 # One rank: argv is rank, world, store file, runs, ops. Prints one JSON line of per-op findings.
 RANK_CODE = """
