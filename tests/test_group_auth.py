@@ -434,3 +434,27 @@ def test_the_leaders_store_keeps_only_its_last_rounds(
         )
         counts.append(int(store.num_keys()))
     assert max(counts) <= bound, counts
+
+
+def test_a_member_port_already_taken_is_a_one_line_error(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    me = f"127.0.0.1:{free_port()}"
+    config = member_config(tmp_path, [me], me, "the group's secret, 32 bytes long", "1h")
+    path = tmp_path / "taken.yaml"
+    path.write_text(json.dumps(config))
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", int(me.rpartition(":")[2])))
+        squatter.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "netmon", "serve", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("netmon:")]
+    assert len(lines) == 1 and "Address already in use" in lines[0], done.stderr
+    assert me in lines[0]
