@@ -18,6 +18,7 @@ from typing import get_args
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -279,58 +280,62 @@ def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> N
     assert calls[0] == 1
 
 
+# Every optional family present: paths, transports, pairs, topology and NVML link health.
+_PCIE = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
+_DEFAULT = dataclasses.replace(LARGE, path="default")
+_HEALTH = LinkHealth(
+    pcie=(PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=16, replay_counter=3),),
+    nvlinks=(
+        NvLinkReading(
+            gpu=0,
+            link=0,
+            active=True,
+            replay_errors=0,
+            recovery_errors=0,
+            crc_flit_errors=1,
+            crc_data_errors=0,
+        ),
+    ),
+    throughput=(NvLinkThroughput(gpu=0, tx_bytes=1024, rx_bytes=2048),),
+    under_load=True,
+    read_at=T0,
+)
+_LINK = LinkPoint(
+    probe="pairs",
+    size_bytes=MIB,
+    gpu=0,
+    peer_gpu=1,
+    path="NV18",
+    busbw=1e9,
+    ratio=1.0,
+    low=False,
+    suspect=False,
+)
+FULL_SNAPSHOT = dataclasses.replace(
+    SNAPSHOT,
+    paused=True,
+    series=(*SNAPSHOT.series, _PCIE, _DEFAULT),
+    links=(_LINK,),
+    suspect_gpus={"pairs": ()},
+    pair_members={"pairs": (0, 1)},
+    topology=((0, 1, "NV18"),),
+    transports=(("large", "default", "p2p"),),
+    transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
+    link_health=_HEALTH,
+    group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
+    peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
+    peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
+)
+
+
+def collect(snapshot: Snapshot) -> list[Metric]:
+    return list(make_registry(lambda: snapshot).collect())
+
+
 def test_the_documented_contract_matches_what_is_exported() -> None:
     docs = DOCS.read_text()
     documented = set(re.findall(r"^\| `(netmon_[a-z_]+)`", docs, flags=re.MULTILINE))
-    # Every optional family present: paths, transports, pairs, topology and NVML link health.
-    pcie = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
-    default = dataclasses.replace(LARGE, path="default")
-    health = LinkHealth(
-        pcie=(PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=16, replay_counter=3),),
-        nvlinks=(
-            NvLinkReading(
-                gpu=0,
-                link=0,
-                active=True,
-                replay_errors=0,
-                recovery_errors=0,
-                crc_flit_errors=1,
-                crc_data_errors=0,
-            ),
-        ),
-        throughput=(NvLinkThroughput(gpu=0, tx_bytes=1024, rx_bytes=2048),),
-        under_load=True,
-        read_at=T0,
-    )
-    link = LinkPoint(
-        probe="pairs",
-        size_bytes=MIB,
-        gpu=0,
-        peer_gpu=1,
-        path="NV18",
-        busbw=1e9,
-        ratio=1.0,
-        low=False,
-        suspect=False,
-    )
-    full = dataclasses.replace(
-        SNAPSHOT,
-        paused=True,
-        series=(*SNAPSHOT.series, pcie, default),
-        links=(link,),
-        suspect_gpus={"pairs": ()},
-        pair_members={"pairs": (0, 1)},
-        topology=((0, 1, "NV18"),),
-        transports=(("large", "default", "p2p"),),
-        transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
-        link_health=health,
-        group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
-        peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
-        peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
-    )
-    exported = {
-        sample.name for family in make_registry(lambda: full).collect() for sample in family.samples
-    }
+    exported = {sample.name for family in collect(FULL_SNAPSHOT) for sample in family.samples}
     assert documented == exported, (documented - exported, exported - documented)
     for reason in (*FAILURE_REASONS, *SKIP_REASONS):
         assert f"`{reason}`" in docs, reason
