@@ -50,7 +50,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.config import NetmonConfig, load_config, resolve
-from netmon.exporter import (
+from netmon.exposition.collector import (
     LinkPoint,
     MetricsServer,
     ProbeStats,
@@ -59,9 +59,9 @@ from netmon.exporter import (
     SnapshotPage,
     make_registry,
 )
-from netmon.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
+from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.launcher import run_probe
-from netmon.runner import spec_for
+from netmon.serve.runner import spec_for
 
 HOST = "127.0.0.1"
 COMPRESSION = 60  # an hour of scheduled rounds in a minute
@@ -503,7 +503,7 @@ def _point(
 
 
 def linked_node_snapshot(now: float) -> Snapshot:
-    """The same node as netmon.exporter now models pairs: LinkPoints with gpu and peer_gpu labels.
+    """The same node as the exporter now models pairs: LinkPoints with gpu and peer_gpu labels.
 
     Two pairs probes (pairs, and pairs_pcie with P2P off) over 28 pairs x 2 sizes, the topology
     of an NVSwitch board (NV18 everywhere), transports, and NVML link health of 8 GPUs with 18
@@ -690,7 +690,7 @@ def measure_metrics(requests: int, repeats: int, limit_s: float) -> dict[str, An
         "response_bytes": len(text.encode()),
         "in_process": in_process,
         "exporter_pair_model": linked_layout,
-        "server": "netmon.exporter.MetricsServer in a spawned process; HTTP/1.1 keep-alive "
+        "server": "netmon's MetricsServer in a spawned process; HTTP/1.1 keep-alive "
         "clients in threads of the bench process",
         "requests_per_level": requests,
         "levels": levels,

@@ -1,3 +1,3 @@
-from netmon.cli import main
+from netmon.cli.main import main
 
 raise SystemExit(main())

@@ -28,9 +28,9 @@ from netmon.bandwidth import (
 )
 from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, field_path
-from netmon.group import GroupConfig
-from netmon.idle import IdlePolicy
-from netmon.paths import check_names
+from netmon.gpu.idle import IdlePolicy
+from netmon.group.members import GroupConfig
+from netmon.probe.paths import check_names
 from netmon.probe.spec import Backend, Timing
 
 ENV_PREFIX = "NETMON_"
@@ -83,7 +83,7 @@ class ProbeConfig(_Strict):
     # in rounds of disjoint pairs, judged against the median of all node pairs).
     scope: Literal["local", "group", "group_one_gpu", "node_pairs"] = "local"
     # Path variants, each in its own rank processes and exported with its `path` label:
-    # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.paths).
+    # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.probe.paths).
     paths: tuple[str, ...] = ("default",)
     # pairs: a pair is suspect under this fraction of its path class's median busbw.
     suspect_ratio: float = Field(0.7, gt=0, le=1)

@@ -2,7 +2,7 @@
 
 The message classes are built at test time by google.protobuf from descriptors written here after
 kubernetes' staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto, so what the tests
-encode owes nothing to netmon.podresources' decoder. The server is grpcio's, on a unix socket.
+encode owes nothing to netmon.gpu.podresources' decoder. The server is grpcio's, on a unix socket.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from netmon import bandwidth
-from netmon.cli import build_parser, main
+from netmon.cli.main import build_parser, main
 from netmon.config import NetmonConfig
-from netmon.nvml import gpu_count
+from netmon.gpu.nvml import gpu_count
 
 SETTINGS = settings(
     max_examples=int(os.environ.get("NETMON_TEST_EXAMPLES", "60")),

@@ -25,7 +25,7 @@ from netmon.config import (
     parse_config,
     resolve,
 )
-from netmon.idle import IdlePolicy
+from netmon.gpu.idle import IdlePolicy
 
 # Verbatim from the docs: this file must keep being accepted exactly as written.
 CONTRACT = """\

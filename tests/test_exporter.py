@@ -22,10 +22,10 @@ from prometheus_client.core import Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from netmon import baseline, idle
+from netmon import baseline
 from netmon.bandwidth import bus_factor
 from netmon.config import NetmonConfig, ProbeConfig, parse_config
-from netmon.exporter import (
+from netmon.exposition.collector import (
     FAILURE_REASONS,
     SERIES_LABELS,
     SKIP_REASONS,
@@ -39,7 +39,8 @@ from netmon.exporter import (
     SnapshotPage,
     make_registry,
 )
-from netmon.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
+from netmon.gpu import idle
+from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.spec import (
     PHASES,
     FailureCause,
@@ -48,8 +49,8 @@ from netmon.probe.spec import (
     ProbeOutcome,
     SizeResult,
 )
-from netmon.results import GroupView, Results
-from netmon.runner import spec_for
+from netmon.serve.results import GroupView, Results
+from netmon.serve.runner import spec_for
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 MIB = 1 << 20

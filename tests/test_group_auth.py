@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from netmon.group import GroupConfig, bind_address
-from netmon.groupauth import AuthError, Sealer, check_fresh, read_secret
-from netmon.grouplink import GroupError, GroupLink, RejectedMessage, SealedLink
+from netmon.group.auth import AuthError, Sealer, check_fresh, read_secret
+from netmon.group.link import GroupError, GroupLink, RejectedMessage, SealedLink
+from netmon.group.members import GroupConfig, bind_address
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeSpec
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file, wait_until
@@ -407,7 +407,7 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
 def test_the_leaders_store_keeps_only_its_last_rounds(
     tmp_path: Path, started: list[DaemonProcess]
 ) -> None:
-    from netmon.coordinator import ROUNDS_KEPT
+    from netmon.serve.coordinator import ROUNDS_KEPT
 
     dist: Any = importlib.import_module("torch.distributed")
     secret = "the group's secret, 32 bytes long"

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from netmon.group import GroupConfig, World, identify_self, lay_out, leader_of
+from netmon.group.members import GroupConfig, World, identify_self, lay_out, leader_of
 
 A, B, C = "10.0.0.1:29400", "10.0.0.2:29400", "gpu-c:29400"
 

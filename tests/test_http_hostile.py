@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from netmon.exporter import (
+from netmon.exposition.collector import (
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
     MAX_REQUEST_LINE,

@@ -18,7 +18,7 @@ import pydantic
 import pynvml
 import pytest
 
-from netmon.idle import (
+from netmon.gpu.idle import (
     REASONS,
     GpuReading,
     IdlePolicy,
@@ -31,7 +31,7 @@ from netmon.idle import (
     foreign_processes,
     sample,
 )
-from netmon.nvml import NvmlSource, NvmlUnavailable, reading_from_raw
+from netmon.gpu.nvml import NvmlSource, NvmlUnavailable, reading_from_raw
 from tests.fake_nvml import IdleNvml, nvml_error
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recorded_idle_2gpu.json"
@@ -436,7 +436,7 @@ def test_nvml_source_without_a_driver_fails_cleanly() -> None:
 
 def test_nvml_source_on_this_machine() -> None:
     # The real pynvml: on a machine without the NVIDIA driver (this one) construction fails with a
-    # clear message and nothing else; importing netmon.nvml worked already.
+    # clear message and nothing else; importing netmon.gpu.nvml worked already.
     try:
         source = NvmlSource()
     except NvmlUnavailable as exc:

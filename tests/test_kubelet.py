@@ -27,11 +27,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from netmon import idle
 from netmon.config import ConfigError, load_config
-from netmon.idle import GpuReading, IdlePolicy, ReplaySource
-from netmon.kubelet import KubeletError, KubeletGuard, list_pod_resources, own_pod
-from netmon.podresources import decode_list_response, gpu_allocations
+from netmon.gpu import idle
+from netmon.gpu.idle import GpuReading, IdlePolicy, ReplaySource
+from netmon.gpu.kubelet import KubeletError, KubeletGuard, list_pod_resources, own_pod
+from netmon.gpu.podresources import decode_list_response, gpu_allocations
 from tests.conftest import wait_for
 from tests.fake_kubelet import FakeKubelet, fake_kubelet, response, serialize
 
@@ -175,7 +175,7 @@ def _as_another_uid(code: str, *args: str) -> subprocess.CompletedProcess[str] |
 
 _ASK = (
     "import sys; from pathlib import Path; "
-    "from netmon.kubelet import KubeletError, list_pod_resources\n"
+    "from netmon.gpu.kubelet import KubeletError, list_pod_resources\n"
     "try:\n    list_pod_resources(Path(sys.argv[1]))\n"
     "except KubeletError as exc:\n    print(exc)\n"
 )
@@ -318,10 +318,10 @@ def test_each_distinct_kubelet_error_is_logged_once_until_it_answers(
 ) -> None:
     socket = tmp_path / "kubelet.sock"
     guarded = guard(socket)
-    caplog.set_level(logging.INFO, logger="netmon.kubelet")
+    caplog.set_level(logging.INFO, logger="netmon.gpu.kubelet")
 
     def logged() -> list[str]:
-        return [r.getMessage() for r in caplog.records if r.name == "netmon.kubelet"]
+        return [r.getMessage() for r in caplog.records if r.name == "netmon.gpu.kubelet"]
 
     for _ in range(5):
         assert guarded.read()[0].allocation_error is not None

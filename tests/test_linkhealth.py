@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from netmon.idle import IdleSourceError
-from netmon.linkhealth import (
+from netmon.gpu.idle import IdleSourceError
+from netmon.gpu.linkhealth import (
     DOWNTRAIN_REASONS,
     NVLINK_ERRORS,
     LinkHealth,
@@ -36,7 +36,7 @@ from netmon.linkhealth import (
     pcie_from_raw,
     throughput_from_fields,
 )
-from netmon.nvml import NvmlUnavailable, read_link_health
+from netmon.gpu.nvml import NvmlUnavailable, read_link_health
 from tests.fake_nvml import LinkHealthNvml, nvml_error
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-from netmon.links import judge_pairs
-from netmon.pairs import PairOutcome, best_per_pair
+from netmon.probe.pairs import PairOutcome, best_per_pair
 from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
+from netmon.probe.verdict import judge_pairs
 
 
 def _all_pairs(n: int) -> list[tuple[int, int]]:

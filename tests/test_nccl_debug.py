@@ -1,4 +1,4 @@
-"""netmon.nccl_debug against published NCCL_DEBUG=INFO logs (tests/fixtures/nccl_info_*, see
+"""netmon.probe.nccl_debug against published NCCL_DEBUG=INFO logs (tests/fixtures/nccl_info_*, see
 tests/fixtures/SOURCES.md) and literal lines in the formats of NCCL's source (src/debug.cc,
 src/transport/{p2p,shm,net,nvls}.cc, src/graph/paths.cc)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from netmon import nccl_debug as nd
+from netmon.probe import nccl_debug as nd
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from netmon.podresources import (
+from netmon.gpu.podresources import (
     ContainerDevices,
     ContainerResources,
     DecodeError,
@@ -61,7 +61,7 @@ def _filled(classes: dict[str, Any] = PB) -> Any:
 
 
 def _expected(message: Any) -> tuple[PodResources, ...]:
-    """What google.protobuf parsed, as netmon.podresources' values."""
+    """What google.protobuf parsed, as netmon.gpu.podresources' values."""
     return tuple(
         PodResources(
             pod.name,

@@ -8,11 +8,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from netmon import baseline, idle
+from netmon import baseline
 from netmon.config import parse_config, resolve
+from netmon.gpu import idle
 from netmon.probe.launcher import Launcher
-from netmon.results import Results
-from netmon.runner import DeviceLocks, ProbeRunner
+from netmon.serve.results import Results
+from netmon.serve.runner import DeviceLocks, ProbeRunner
 
 
 def _reading(index: int, pids: tuple[int, ...] = (), utilization: float = 0.0) -> idle.GpuReading:

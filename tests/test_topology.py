@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from netmon import topology as topo
-from netmon.nvml import NvmlUnavailable, read_topology
-from netmon.topology import (
+from netmon.gpu.nvml import NvmlUnavailable, read_topology
+from netmon.topology import model as topo
+from netmon.topology.model import (
     NODE,
     NOT_AVAILABLE,
     PHB,

@@ -25,10 +25,10 @@ import bcrypt
 import pytest
 import yaml
 
-from netmon import webconfig
 from netmon.errors import UsageError
-from netmon.exporter import MetricsServer, Snapshot, make_registry
-from netmon.webconfig import BasicAuth, WebConfigReloader, WebSecurity
+from netmon.exposition import webconfig
+from netmon.exposition.collector import MetricsServer, Snapshot, make_registry
+from netmon.exposition.webconfig import BasicAuth, WebConfigReloader, WebSecurity
 from tests.conftest import wait_for
 from tests.daemon_harness import _SERVING, fast_config
 
@@ -622,7 +622,7 @@ def test_an_invalid_file_keeps_the_last_good_one_and_warns_once_per_change(
     server: Callable[..., MetricsServer],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="netmon.webconfig")
+    caplog.set_level(logging.INFO, logger="netmon.exposition.webconfig")
     good: dict[str, Any] = {
         "tls_server_config": tls_section(pki),
         "basic_auth_users": {"prometheus": HASH},

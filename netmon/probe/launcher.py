@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import netmon
-from netmon import bandwidth, nccl_debug
+from netmon import bandwidth
+from netmon.probe import nccl_debug
 from netmon.probe.spec import (
     PHASES,
     FailureCause,

@@ -78,7 +78,7 @@ class ProbeSpec(_Frozen):
     # Ranks that report results (every rank holds the same reduced samples). Across nodes, one
     # rank per node reports, so every node has its own view of the round.
     reporters: tuple[int, ...] = (0,)
-    # The path variant this spec runs (netmon.paths): a label for results, env set by the caller.
+    # The path variant this spec runs (probe.paths): a label for results, env set by the caller.
     path: str = "default"
     # What the NCCL transport log must show (nvlink, pcie or any); only judged with nccl.
     intent: Literal["nvlink", "pcie", "any"] = "any"
@@ -214,7 +214,7 @@ class ProbeOutcome(_Frozen):
     collective_s: float = 0.0  # time inside timed collectives, summed over sizes
     peak_device_memory_bytes: int | None = None
     # Transport classes the ranks used (from NCCL_DEBUG=INFO; "gloo" for CPU ranks), and the
-    # ways they contradict the spec's intent (netmon.nccl_debug.REASONS).
+    # ways they contradict the spec's intent (netmon.probe.nccl_debug.REASONS).
     transports: tuple[str, ...] = ()
     transport_faults: tuple[str, ...] = ()
 

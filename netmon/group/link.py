@@ -1,4 +1,4 @@
-"""The daemon's handle on its store agent (netmon.group_agent): requests with deadlines.
+"""The daemon's handle on its store agent (netmon.group.agent): requests with deadlines.
 
 Every call returns or raises GroupError within its timeout plus a small margin, whatever the
 agent or the remote member does; a dead agent is restarted on the next call.
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import netmon
-from netmon.groupauth import AuthError, Sealer, check_fresh
+from netmon.group.auth import AuthError, Sealer, check_fresh
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class GroupLink:
             [
                 self.python,
                 "-m",
-                "netmon.group_agent",
+                "netmon.group.agent",
                 "--host",
                 self.host,
                 "--port",
@@ -186,7 +186,7 @@ class RejectedMessage(GroupError):
 
 
 class SealedLink:
-    """Store requests whose values are sealed with the group's secret (netmon.groupauth).
+    """Store requests whose values are sealed with the group's secret (netmon.group.auth).
 
     A value that fails to open raises RejectedMessage, a GroupError, so every caller treats a
     forged or replayed message exactly like a missing one; `on_reject` hears which member's

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from netmon import linkhealth
-from netmon.idle import ComputeMode, GpuReading, IdleSourceError
-from netmon.topology import (
+from netmon.gpu import linkhealth
+from netmon.gpu.idle import ComputeMode, GpuReading, IdleSourceError
+from netmon.topology.model import (
     GpuTopologyReading,
     NvLinkReading,
     Pair,
@@ -226,7 +226,7 @@ def _text(value: str | bytes) -> str:
 
 def read_topology(nvml: Any = None) -> Topology:
     """This node's GPU topology as `nvidia-smi topo -m` would show it (without NICs, which NVML
-    does not see). The translation is netmon.topology.topology_from_readings.
+    does not see). The translation is netmon.topology.model.topology_from_readings.
 
     Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
     warning; a value NVML cannot give is unknown (N/A), never a guess.
@@ -336,7 +336,7 @@ def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealt
     lower PCIe generation count as downtrained. The maximum generation read is
     nvmlDeviceGetMaxPcieLinkGeneration, what GPU and host allow together;
     nvmlDeviceGetGpuMaxPcieLinkGeneration (the GPU alone) is not read, as a GPU in a slower slot
-    runs as fast as it can. The translation is in netmon.linkhealth (*_from_raw).
+    runs as fast as it can. The translation is in netmon.gpu.linkhealth (*_from_raw).
 
     Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
     warning; a value NVML cannot give (NotSupported, NoPermission, ...) is None.

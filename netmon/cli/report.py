@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from netmon.bandwidth import DTYPE_SHORT
-from netmon.links import LinkVerdict
-from netmon.pairs import PairOutcome
+from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
+from netmon.probe.verdict import LinkVerdict
 
 GB = 1e9
 US = 1e6

@@ -7,7 +7,7 @@ names the latest epoch. A member that does not answer makes the round fail fast 
 `member_absent`; a crashed round leaves only its own keys behind. Leadership goes to the
 lowest-named member that proves it holds the group's secret (its sealed, fresh `netmon/hello`),
 checked every heartbeat, so a departed leader is replaced within a heartbeat and a ping timeout.
-Every value is sealed (netmon.groupauth): a forged or replayed one counts as missing.
+Every value is sealed (netmon.group.auth): a forged or replayed one counts as missing.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from netmon import idle
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.group import GroupConfig, World, lay_out, leader_of
-from netmon.groupauth import Sealer
-from netmon.grouplink import GroupError, GroupLink, SealedLink
-from netmon.links import judge_pairs
+from netmon.gpu import idle
+from netmon.group.auth import Sealer
+from netmon.group.link import GroupError, GroupLink, SealedLink
+from netmon.group.members import GroupConfig, World, lay_out, leader_of
 from netmon.logs import event
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
-from netmon.results import GroupView, Results
-from netmon.runner import DeviceLocks, ProbeRunner, device_keys, spec_for
-from netmon.topology import plan_pair_rounds
+from netmon.probe.verdict import judge_pairs
+from netmon.serve.results import GroupView, Results
+from netmon.serve.runner import DeviceLocks, ProbeRunner, device_keys, spec_for
+from netmon.topology.model import plan_pair_rounds
 
 log = logging.getLogger(__name__)
 

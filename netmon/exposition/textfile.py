@@ -15,7 +15,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 import netmon
-from netmon.exporter import ProbeStats, SeriesPoint, Snapshot, make_registry
+from netmon.exposition.collector import ProbeStats, SeriesPoint, Snapshot, make_registry
 from netmon.probe.spec import ProbeOutcome
 
 

@@ -36,7 +36,7 @@ class GroupConfig(BaseModel):
     self_: str | None = Field(None, alias="self")
     interface: str | None = None  # NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for probe traffic
     # The group's shared secret (at least 16 bytes): every message between members carries an
-    # HMAC with it (netmon.groupauth). Read at start, never logged or exported.
+    # HMAC with it (netmon.group.auth). Read at start, never logged or exported.
     secret_file: Path | None = None
     # The address this member's store listens on; default: this member's host, resolved.
     bind: str | None = None

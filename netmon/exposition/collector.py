@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 if TYPE_CHECKING:
-    from netmon.webconfig import WebConfigReloader, WebSecurity
+    from netmon.exposition.webconfig import WebConfigReloader, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,8 @@ class Snapshot:
     topology: tuple[tuple[int, int, str], ...] = ()  # (gpu, peer_gpu, path class)
     transports: tuple[tuple[str, str, str], ...] = ()  # (probe, path, transport)
     transport_faults: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
-    link_health: Any = None  # netmon.linkhealth.LinkHealth, read during probe traffic
-    group: Any = None  # netmon.results.GroupView
+    link_health: Any = None  # netmon.gpu.linkhealth.LinkHealth, read during probe traffic
+    group: Any = None  # netmon.serve.results.GroupView
     peers: tuple[PeerPoint, ...] = ()
     peer_verdicts: Mapping[str, PeerVerdict] = field(default_factory=dict)
     # Group messages that failed authentication, by the member they claimed to come from.
@@ -487,7 +487,7 @@ def _group_families(snapshot: Snapshot) -> Iterator[Metric]:
 def _health_families(snapshot: Snapshot) -> list[Metric]:
     if snapshot.link_health is None:
         return []
-    from netmon.linkhealth import health_families
+    from netmon.gpu.linkhealth import health_families
 
     return list(health_families(snapshot.link_health))
 
@@ -796,6 +796,6 @@ def _follow(security: WebSecurity | None, interval: float) -> WebConfigReloader 
     if security is None or security.source is None:
         return None  # no file, or one built in code: nothing to follow
     # Imported here: a server without --web-config needs neither bcrypt nor the TLS code.
-    from netmon.webconfig import WebConfigReloader
+    from netmon.exposition.webconfig import WebConfigReloader
 
     return WebConfigReloader(security, interval)

@@ -17,14 +17,14 @@ from typing import ClassVar, Literal, Protocol, get_args
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from netmon.bandwidth import parse_size
-from netmon.podresources import GpuAllocations
+from netmon.gpu.podresources import GpuAllocations
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
 
 # Every label value a decision can carry, so an exporter can export 0 for each. The order is the
 # precedence when several apply: conditions that will not clear by themselves (NVML broken, GPU
 # gone, MIG, compute mode) come first, so the label points at what an operator must fix.
-# The kubelet's reasons (netmon.kubelet): "kubelet_error" (it could not be asked) is an operator's
+# The kubelet's reasons (gpu.kubelet): "kubelet_error" (it could not be asked) is an operator's
 # to fix, like nvml_error. "gpu_allocated" comes after the busy_* reasons, so a job that runs keeps
 # its gpu_busy_process label (alerts exclude those) and gpu_allocated marks what NVML alone would
 # have let through: a pod holds the GPU but shows no process, utilization or memory yet.
@@ -109,7 +109,7 @@ class GpuReading:
     process_memory: tuple[int | None, ...] = ()
     # False when the process list could not be read: then `compute_pids` being empty proves nothing.
     processes_known: bool = True
-    # Set from the kubelet (netmon.kubelet.KubeletGuard), else None: the pod (not netmon's own) a
+    # Set from the kubelet (gpu.kubelet.KubeletGuard), else None: the pod (not netmon's own) a
     # device plugin gave this GPU to, or why the kubelet could not say.
     allocated_to: str | None = None
     allocation_error: str | None = None

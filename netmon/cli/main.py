@@ -19,10 +19,11 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 import netmon
-from netmon import bandwidth, report
+from netmon import bandwidth
+from netmon.cli import report
 from netmon.errors import UsageError, describe_validation_error
-from netmon.paths import check_names, variant_env
 from netmon.probe.launcher import run_probe
+from netmon.probe.paths import check_names, variant_env
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE, EXIT_PROBE_FAILED = 0, 1, 2, 3
@@ -222,7 +223,7 @@ def _add_daemon_parsers(commands: Any) -> None:
 
 def _load_daemon_config(args: argparse.Namespace) -> Any:
     from netmon import config as cfg
-    from netmon.nvml import gpu_count
+    from netmon.gpu.nvml import gpu_count
 
     overrides: dict[str, Any] = {}
     if getattr(args, "listen", None):
@@ -251,7 +252,7 @@ def _load_daemon_config(args: argparse.Namespace) -> Any:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from netmon import logs
-    from netmon.daemon import Daemon
+    from netmon.serve.daemon import Daemon
 
     config, gpus = _load_daemon_config(args)
     logs.setup(config.logging.level, config.logging.format)
@@ -263,7 +264,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     source = None
     if args.idle_replay is not None:
-        from netmon.idle import ReplaySource
+        from netmon.gpu.idle import ReplaySource
 
         try:
             source = ReplaySource.from_json(args.idle_replay)
@@ -271,7 +272,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             raise UsageError(f"--idle-replay: {args.idle_replay}: {exc}") from None
     web = None
     if args.web_config is not None:
-        from netmon import webconfig
+        from netmon.exposition import webconfig
 
         web = webconfig.load(args.web_config)
         if web.auth is not None and web.tls is None:
@@ -291,7 +292,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
     config, _ = _load_daemon_config(args)
     if config.group is not None:
-        from netmon.groupauth import group_secret
+        from netmon.group.auth import group_secret
 
         group_secret(config.group)  # readable and long enough, before any daemon needs it
     print(cfg.dump(config), end="")
@@ -316,7 +317,7 @@ def _add_topo_parser(commands: Any) -> None:
 
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from netmon import topology
+    from netmon.topology import model as topology
 
     if args.from_file is not None:
         try:
@@ -328,8 +329,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--from-file: {args.from_file}: {exc}") from None
     else:
-        from netmon.idle import IdleSourceError
-        from netmon.nvml import read_topology
+        from netmon.gpu.idle import IdleSourceError
+        from netmon.gpu.nvml import read_topology
 
         try:
             topo = read_topology()
@@ -377,7 +378,7 @@ def _sizes(args: argparse.Namespace, backend: str) -> list[int] | str:
 
 
 def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...]]:
-    from netmon.nvml import gpu_count
+    from netmon.gpu.nvml import gpu_count
 
     if args.ranks is not None and args.ranks < 1:
         raise UsageError(f"--ranks: must be >= 1 (got {args.ranks})")
@@ -507,11 +508,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     on_event = _progress(args.quiet or total < 2, total)
     outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
     if args.plot is not None:
-        from netmon import plot
+        from netmon.cli import plot
 
         plot.busbw_against_size(outcomes, args.plot)
     if args.textfile is not None:
-        from netmon import textfile
+        from netmon.exposition import textfile
 
         try:
             textfile.write(args.textfile, outcomes, args.name, min_busbw)
@@ -539,7 +540,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _pair_topology(args: argparse.Namespace, backend: str, ranks: int) -> Any:
-    from netmon import topology
+    from netmon.topology import model as topology
 
     if args.topology is not None:
         try:
@@ -547,8 +548,8 @@ def _pair_topology(args: argparse.Namespace, backend: str, ranks: int) -> Any:
         except (OSError, ValueError) as exc:
             raise UsageError(f"--topology: {args.topology}: {exc}") from None
     if backend == "nccl":
-        from netmon.idle import IdleSourceError
-        from netmon.nvml import read_topology
+        from netmon.gpu.idle import IdleSourceError
+        from netmon.gpu.nvml import read_topology
 
         try:
             return read_topology()
@@ -558,7 +559,8 @@ def _pair_topology(args: argparse.Namespace, backend: str, ranks: int) -> Any:
 
 
 def _cmd_probe_pairs(args: argparse.Namespace, specs: Sequence[ProbeSpec]) -> int:
-    from netmon import pairs, topology
+    from netmon.probe import pairs
+    from netmon.topology import model as topology
 
     if len(specs) != 1:
         raise UsageError("--pairs: give one --op and one --chunks value")

@@ -1,7 +1,7 @@
 """The GPU topology of one node and the plan of which GPU pairs to probe together.
 
 Pure: path classes between GPUs (and NICs) as `nvidia-smi topo -m` names them, parsed from its
-text or built from NVML readings (read by netmon.nvml), and the rounds of a pairwise link sweep.
+text or built from NVML readings (read by netmon.gpu.nvml), and the rounds of a pairwise link sweep.
 """
 
 from __future__ import annotations
@@ -457,7 +457,7 @@ def parse_p2p_matrix(text: str) -> P2PMatrix:
 
 
 # --- From NVML readings -------------------------------------------------------------------------
-# netmon.nvml reads these; the translation lives here so tests can drive it with literal values.
+# netmon.gpu.nvml reads these; the translation lives here so tests can drive it with literal values.
 
 # nvmlGpuTopologyLevel_t. INTERNAL means two GPUs on one board (Tesla K80): `nvidia-smi topo -h`
 # describes that level as "a single PCIe switch on a dual GPU board", so it is PIX, never X.

@@ -16,15 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from netmon import idle
 from netmon.config import NetmonConfig, ProbeConfig
+from netmon.gpu import idle
 from netmon.logs import event
-from netmon.pairs import PairOutcome, best_per_pair, run_pair_rounds, verdict_at_largest
-from netmon.paths import intent, variant_env
 from netmon.probe.launcher import Launcher
+from netmon.probe.pairs import PairOutcome, best_per_pair, run_pair_rounds, verdict_at_largest
+from netmon.probe.paths import intent, variant_env
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
-from netmon.results import Results
-from netmon.topology import Topology, plan_rounds, uniform
+from netmon.serve.results import Results
+from netmon.topology.model import Topology, plan_rounds, uniform
 
 log = logging.getLogger(__name__)
 

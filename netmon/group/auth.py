@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from netmon.errors import UsageError
 
 if TYPE_CHECKING:
-    from netmon.group import GroupConfig
+    from netmon.group.members import GroupConfig
 
 log = logging.getLogger(__name__)
 

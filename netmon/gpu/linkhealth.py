@@ -1,7 +1,7 @@
 """PCIe and NVLink health as NVML reports it: pure readings, verdicts, parsers of nvidia-smi text
 and the metric families that export them.
 
-The live reader is netmon.nvml.read_link_health; it hands pynvml's raw values to the *_from_raw
+The live reader is netmon.gpu.nvml.read_link_health; it hands pynvml's raw values to the *_from_raw
 functions here, and the parsers turn recorded nvidia-smi output into the same readings.
 """
 

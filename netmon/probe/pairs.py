@@ -11,10 +11,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from netmon.links import LinkVerdict, Pair, judge_pairs
 from netmon.probe.launcher import AbortCheck, Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
-from netmon.topology import Topology
+from netmon.probe.verdict import LinkVerdict, Pair, judge_pairs
+from netmon.topology.model import Topology
 
 # A 2-rank all_reduce measures one link only with NVLS off and a ring (FIELD-NOTES, "Pairs").
 PAIR_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import netmon
-from netmon import baseline, nccl_debug
+from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exporter import (
+from netmon.exposition.collector import (
     LinkPoint,
     PeerPoint,
     PeerVerdict,
@@ -27,9 +27,10 @@ from netmon.exporter import (
     Snapshot,
     VerdictPoint,
 )
-from netmon.links import LinkVerdict
-from netmon.pairs import PairOutcome
+from netmon.probe import nccl_debug
+from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome
+from netmon.probe.verdict import LinkVerdict
 
 log = logging.getLogger(__name__)
 

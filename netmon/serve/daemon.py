@@ -22,21 +22,22 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from netmon import baseline, idle
+from netmon import baseline
 from netmon.config import NetmonConfig
-from netmon.coordinator import Coordinator
 from netmon.errors import UsageError
-from netmon.exporter import MetricsServer, SnapshotPage
-from netmon.group import bind_address, identify_self, member_port
-from netmon.groupauth import Sealer, group_secret
-from netmon.grouplink import GroupError, GroupLink
+from netmon.exposition.collector import MetricsServer, SnapshotPage
+from netmon.exposition.webconfig import WebSecurity
+from netmon.gpu import idle
+from netmon.group.auth import Sealer, group_secret
+from netmon.group.link import GroupError, GroupLink
+from netmon.group.members import bind_address, identify_self, member_port
 from netmon.logs import event
-from netmon.results import Results
-from netmon.runner import STATE_FILE, DeviceLocks, ProbeRunner
-from netmon.topology import Topology, parse_topo_matrix
-from netmon.webconfig import WebSecurity
+from netmon.serve.coordinator import Coordinator
+from netmon.serve.results import Results
+from netmon.serve.runner import STATE_FILE, DeviceLocks, ProbeRunner
+from netmon.topology.model import Topology, parse_topo_matrix
 
-log = logging.getLogger("netmon.daemon")
+log = logging.getLogger("netmon.serve.daemon")
 
 SHUTDOWN_GRACE_S = 8.0
 # Settings a running daemon cannot take on a reload: its socket, state, ranks and group.
@@ -71,7 +72,7 @@ def _state_path(config: NetmonConfig) -> Path | None:
 def _idle_source(config: NetmonConfig) -> idle.IdleSource:
     if config.backend != "nccl":
         return idle.NoGpuSource()
-    from netmon.nvml import NvmlSource
+    from netmon.gpu.nvml import NvmlSource
 
     try:
         return NvmlSource()
@@ -87,7 +88,7 @@ def _kubelet_guard(
     # Always in place, passing readings through while idle.kubelet_socket is unset, so that a
     # reload can turn the kubelet's answer on or off. POD_NAME/POD_NAMESPACE come from the
     # downward API: GPUs given to netmon's own pod are not a job's.
-    from netmon.kubelet import KubeletGuard, own_pod
+    from netmon.gpu.kubelet import KubeletGuard, own_pod
 
     return KubeletGuard(source, policy, own_pod(os.environ))
 
@@ -101,7 +102,7 @@ def _topology(config: NetmonConfig) -> Topology | None:
             raise UsageError(f"topology_file: {config.topology_file}: {exc}") from None
     if config.backend != "nccl":
         return None
-    from netmon.nvml import read_topology
+    from netmon.gpu.nvml import read_topology
 
     try:
         return read_topology()
@@ -150,7 +151,7 @@ class Daemon:
                 [(a, b, str(path)) for (a, b), path in self.runner.topology.pairs().items()]
             )
         if config.backend == "nccl":
-            from netmon.nvml import read_link_health
+            from netmon.gpu.nvml import read_link_health
 
             self.runner.link_health_reader = read_link_health
         self.scheduler = self._scheduler()
@@ -182,7 +183,7 @@ class Daemon:
 
     def _add_jobs(self, scheduler: BackgroundScheduler, config: NetmonConfig) -> None:
         now = time.time()
-        # Group probes are scheduled by the group's leader (netmon.coordinator), not here.
+        # Group probes are scheduled by the group's leader (netmon.serve.coordinator), not here.
         probes = tuple(p for p in config.probes or () if p.scope == "local")
         for number, probe in enumerate(probes):
             scheduler.add_job(

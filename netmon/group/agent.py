@@ -75,7 +75,7 @@ def main() -> None:
     dist: Any = importlib.import_module("torch.distributed")
 
     # This member's store: the others read plans and results from it while it leads. It listens
-    # on the group's address only; what it holds is sealed by the daemon (netmon.groupauth).
+    # on the group's address only; what it holds is sealed by the daemon (netmon.group.auth).
     try:
         sock = listen_on(args.host, args.port)
     except OSError as exc:

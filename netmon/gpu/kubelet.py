@@ -13,10 +13,10 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from netmon import idle
-from netmon.podresources import DecodeError, decode_list_response, gpu_allocations
+from netmon.gpu import idle
+from netmon.gpu.podresources import DecodeError, decode_list_response, gpu_allocations
 
-log = logging.getLogger("netmon.kubelet")
+log = logging.getLogger("netmon.gpu.kubelet")
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 TIMEOUT_S = 2.0
@@ -32,7 +32,7 @@ class KubeletError(Exception):
 
 
 def _raw(data: bytes) -> bytes:
-    # No generated code: the request is empty and the answer is decoded by netmon.podresources.
+    # No generated code: the request is empty and the answer is decoded by netmon.gpu.podresources.
     return data
 
 
