@@ -1,7 +1,7 @@
 """Topology parsing, NVML translation and pair planning.
 
-The `topo_*.txt` fixtures are real published `nvidia-smi` output, copied unedited from
-shared/fixtures (sources in tests/fixtures/SOURCES.md). Literal matrices written in this file are
+The `topo_*.txt` fixtures are real published `nvidia-smi` output, copied unedited from their
+published sources (tests/fixtures/SOURCES.md). Literal matrices written in this file are
 CONSTRUCTED to exercise one case each (a PCIe switch tree, an old driver's headings...) and say
 so. NVML is replayed through a stand-in (tests/fake_nvml.py) whose every call is bound to the
 installed pynvml's signatures: there is no GPU here.
@@ -19,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from netmon.gpu.nvml import NvmlUnavailable, read_topology
-from netmon.topology import model as topo
+from netmon.topology import readings as topo
 from netmon.topology.model import (
     NODE,
     NOT_AVAILABLE,
@@ -29,23 +29,21 @@ from netmon.topology.model import (
     SELF,
     SYS,
     Gpu,
-    GpuTopologyReading,
     Nic,
-    NvLinkReading,
     Pair,
     PathClass,
     Topology,
+)
+from netmon.topology.parse import parse_p2p_matrix, parse_topo_matrix
+from netmon.topology.plan import plan_pair_rounds, plan_rounds, shares_uplink
+from netmon.topology.readings import (
+    GpuTopologyReading,
+    NvLinkReading,
     cpu_list,
-    parse_p2p_matrix,
-    parse_topo_matrix,
-    plan_pair_rounds,
-    plan_rounds,
-    render_text,
-    shares_uplink,
     single_node,
-    to_json,
     topology_from_readings,
 )
+from netmon.topology.render import render_text, to_json
 from tests.fake_nvml import TopologyNvml, bus_id, cpu_mask, nvml_error
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -285,6 +283,22 @@ def test_topology_rejects_an_incomplete_matrix() -> None:
         Topology(gpus=(Gpu(0), Gpu(1)), path={(0, 1): SYS})
     with pytest.raises(ValueError, match="unknown GPU"):
         Topology(gpus=(Gpu(0),), nic_path={(1, "NIC0"): PIX}, nics=(Nic("NIC0"),))
+
+
+def test_restricted_keeps_only_the_given_gpus_with_their_indices() -> None:
+    full = parsed("topo_4x_rtx6000ada_pcie_cx7_asus_esc8000a.txt")
+    part = full.restricted([3, 1])
+    assert part.indices == (1, 3)
+    assert part.gpus == (full.gpu(1), full.gpu(3))
+    assert part.pairs() == {(1, 3): full.path_between(1, 3)}
+    assert part.nics == full.nics
+    assert part.nic_path == {k: v for k, v in full.nic_path.items() if k[0] in (1, 3)}
+    # Pairs are planned over the configured GPUs only, by their own indices.
+    assert plan_rounds(part) == [[(1, 3)]]
+    assert full.restricted(full.indices) == full
+    assert full.restricted([]).gpus == ()
+    with pytest.raises(KeyError, match="no GPU4"):
+        full.restricted([0, 4])
 
 
 # --- Pair rounds --------------------------------------------------------------------------------

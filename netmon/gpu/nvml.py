@@ -1,4 +1,8 @@
-"""Thin NVML access (nvidia-ml-py): GPU count and idle readings. Never initialises CUDA."""
+"""Thin NVML access (nvidia-ml-py): GPU count, idle readings, topology and link health.
+
+Every reader opens NVML through `_session` and hands the answers to a pure translation (here
+reading_from_raw, netmon.topology.readings, netmon.gpu.linkhealth). Never initialises CUDA.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +10,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 from netmon.gpu import linkhealth
 from netmon.gpu.idle import ComputeMode, GpuReading, IdleSourceError
-from netmon.topology.model import (
+from netmon.topology.model import Pair, Topology
+from netmon.topology.readings import (
     GpuTopologyReading,
     NvLinkReading,
-    Pair,
-    Topology,
     cpu_list,
     single_node,
     topology_from_readings,
@@ -27,18 +31,76 @@ log = logging.getLogger(__name__)
 _DRIVER_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
+class NvmlUnavailable(IdleSourceError):
+    """NVML cannot be used on this machine (no driver, no library, no nvidia-ml-py)."""
+
+
+@contextmanager
+def _session(nvml: Any = None) -> Iterator[Any]:
+    """The pynvml module, initialised for the block and shut down after it (NVML counts its
+    inits, so sessions may overlap). `nvml` is a stand-in for pynvml: tests pass one, as no GPU
+    exists where they run. NvmlUnavailable where NVML cannot be used."""
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NvmlUnavailable(
+                "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
+            ) from exc
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        raise NvmlUnavailable(
+            f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
+        ) from exc
+    try:
+        yield nvml
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _asker(nv: Any) -> Callable[..., Any]:
+    """ask(call, *args): call(*args), or None where NVML cannot answer (NotSupported,
+    NoPermission, ...), so one missing value never costs the others."""
+    # NVMLLibraryMismatchError (a driver older than pynvml's process calls) is no NVMLError; older
+    # pynvml versions lack it.
+    unanswered = (nv.NVMLError, getattr(nv, "NVMLLibraryMismatchError", nv.NVMLError))
+
+    def ask(call: Callable[..., Any], *args: object) -> Any:
+        try:
+            return call(*args)
+        except unanswered as exc:
+            log.debug("NVML: %s%s unanswered: %s", getattr(call, "__name__", call), args[1:], exc)
+            return None
+
+    return ask
+
+
+def _handles(nv: Any, left_out: str) -> Iterator[tuple[int, Any]]:
+    """(index, handle) of every GPU NVML can open. One it cannot is logged and left out: a lost
+    GPU must not stop the healthy ones from being read."""
+    for index in range(int(nv.nvmlDeviceGetCount())):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            log.warning("NVML: GPU %d unreadable, %s: %s", index, left_out, exc)
+            continue
+        yield index, handle
+
+
+def _text(value: str | bytes) -> str:
+    # Older pynvml versions return bytes where newer ones return str.
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def gpu_count() -> int:
     """GPUs visible to NVML; 0 on a machine without the driver, never an exception."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
-        log.debug("NVML unavailable: %s", exc)
+        with _session() as nv:
+            return int(nv.nvmlDeviceGetCount())
+    except Exception as exc:  # NvmlUnavailable, NVMLError, a broken library...
+        log.debug("NVML gave no GPU count: %s", exc)
     # The driver lists its GPUs here even when libnvidia-ml is not installed.
     try:
         return sum(1 for _ in _DRIVER_GPUS.iterdir())
@@ -108,7 +170,7 @@ def reading_from_raw(
     mode = "default" if compute_mode is None else _COMPUTE_MODES.get(compute_mode, "unknown")
     return GpuReading(
         index=index,
-        uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+        uuid=_text(uuid),
         utilization=None if utilization is None else float(utilization.gpu),
         memory_used=None if memory is None else int(memory.used),
         compute_pids=pids,
@@ -119,10 +181,6 @@ def reading_from_raw(
     )
 
 
-class NvmlUnavailable(IdleSourceError):
-    """NVML cannot be used on this machine (no driver, no library, no nvidia-ml-py)."""
-
-
 class NvmlSource:
     """Reads every GPU through NVML for the idle check. Initialises NVML once; call close().
 
@@ -130,28 +188,9 @@ class NvmlSource:
     """
 
     def __init__(self, nvml: Any = None) -> None:
-        # `nvml` is the pynvml module; tests pass a stand-in, as no GPU exists where they run.
-        if nvml is None:
-            try:
-                import pynvml
-            except ImportError as exc:
-                raise NvmlUnavailable(
-                    "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
-                ) from exc
-            nvml = pynvml
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise NvmlUnavailable(
-                f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
-            ) from exc
-        self._nv: Any = nvml
-        # What "NVML cannot answer this" looks like. NVMLLibraryMismatchError (a driver older than
-        # pynvml's process call) is no NVMLError; older pynvml versions lack it.
-        self._unanswered: tuple[type[Exception], ...] = (
-            nvml.NVMLError,
-            getattr(nvml, "NVMLLibraryMismatchError", nvml.NVMLError),
-        )
+        self._held = ExitStack()
+        self._nv: Any = self._held.enter_context(_session(nvml))
+        self._ask = _asker(self._nv)
         self._lock = threading.Lock()
         self._open = True
 
@@ -166,7 +205,7 @@ class NvmlSource:
         with self._lock:
             if self._open:
                 self._open = False
-                self._nv.nvmlShutdown()
+                self._held.close()
 
     def read(self) -> list[GpuReading]:
         nv = self._nv
@@ -174,13 +213,12 @@ class NvmlSource:
             if not self._open:
                 raise IdleSourceError("NvmlSource is closed")
             readings = []
-            for index in range(int(nv.nvmlDeviceGetCount())):
+            for index, handle in _handles(nv, "skipped"):
                 try:
-                    handle = nv.nvmlDeviceGetHandleByIndex(index)
                     uuid = nv.nvmlDeviceGetUUID(handle)
                 except nv.NVMLError as exc:
                     # Left out, so a probe asking for it is refused as gpu_missing; the others
-                    # (a lost GPU must not stop the healthy ones) are still read.
+                    # are still read.
                     log.warning("NVML: GPU %d unreadable, skipped: %s", index, exc)
                     continue
                 readings.append(
@@ -195,14 +233,6 @@ class NvmlSource:
                     )
                 )
             return readings
-
-    def _ask(self, call: Callable[..., Any], *args: object) -> Any:
-        """call(*args), or None where NVML cannot answer (NotSupported, NoPermission, ...)."""
-        try:
-            return call(*args)
-        except self._unanswered as exc:
-            log.debug("NVML: %s unanswered: %s", getattr(call, "__name__", call), exc)
-            return None
 
     def _memory(self, handle: object) -> Any:
         # v2 reports `used` without the memory the driver reserves for itself (hundreds of MiB on
@@ -220,52 +250,21 @@ class NvmlSource:
 _NODE_MASK_WORDS = 16  # 1024 NUMA nodes, far beyond any machine
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def read_topology(nvml: Any = None) -> Topology:
     """This node's GPU topology as `nvidia-smi topo -m` would show it (without NICs, which NVML
-    does not see). The translation is netmon.topology.model.topology_from_readings.
+    does not see). The translation is netmon.topology.readings.topology_from_readings.
 
     Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
     warning; a value NVML cannot give is unknown (N/A), never a guess.
     """
-    if nvml is None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise NvmlUnavailable(
-                "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
-            ) from exc
-        nvml = pynvml
-    nv: Any = nvml
-    try:
-        nv.nvmlInit()
-    except nv.NVMLError as exc:
-        raise NvmlUnavailable(
-            f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
-        ) from exc
-
-    def ask(call: Callable[..., Any], *args: object) -> Any:
-        try:
-            return call(*args)
-        except nv.NVMLError as exc:
-            log.debug("NVML: %s%s unanswered: %s", getattr(call, "__name__", call), args[1:], exc)
-            return None
-
     # CPU ids can exceed the online count (offline or isolated CPUs): one spare word.
     cpu_words = ((os.cpu_count() or 1) + 63) // 64 + 1
-    node_scope = getattr(nv, "NVML_AFFINITY_SCOPE_NODE", 0)
-    try:
+    with _session(nvml) as nv:
+        ask = _asker(nv)
+        node_scope = getattr(nv, "NVML_AFFINITY_SCOPE_NODE", 0)
         handles: list[object] = []
         readings: list[GpuTopologyReading] = []
-        for index in range(int(nv.nvmlDeviceGetCount())):
-            try:
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
-            except nv.NVMLError as exc:
-                log.warning("NVML: GPU %d unreadable, left out of the topology: %s", index, exc)
-                continue
+        for index, handle in _handles(nv, "left out of the topology"):
             uuid = ask(nv.nvmlDeviceGetUUID, handle)
             pci = ask(nv.nvmlDeviceGetPciInfo, handle)
             cpus = ask(nv.nvmlDeviceGetCpuAffinity, handle, cpu_words)
@@ -298,9 +297,7 @@ def read_topology(nvml: Any = None) -> Topology:
             for second, handle_b in zip(readings[n + 1 :], handles[n + 1 :], strict=True):
                 level = ask(nv.nvmlDeviceGetTopologyCommonAncestor, handle_a, handle_b)
                 ancestors[(first.index, second.index)] = None if level is None else int(level)
-        return topology_from_readings(readings, ancestors)
-    finally:
-        nv.nvmlShutdown()
+    return topology_from_readings(readings, ancestors)
 
 
 # --- Link health --------------------------------------------------------------------------------
@@ -308,25 +305,6 @@ def read_topology(nvml: Any = None) -> Topology:
 # nvmlFieldValue_t.scopeId asking for a per-link field summed over all of the GPU's links (nvml.h:
 # "A scopeId of UINT_MAX returns aggregate value summed up across all links").
 _ALL_LINKS = 0xFFFFFFFF
-
-
-def _open_nvml(nvml: Any) -> Any:
-    """The pynvml module (or the stand-in given), initialised; NvmlUnavailable if it cannot be."""
-    if nvml is None:
-        try:
-            import pynvml
-        except ImportError as exc:
-            raise NvmlUnavailable(
-                "NVML unavailable: nvidia-ml-py (module pynvml) is not installed"
-            ) from exc
-        nvml = pynvml
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        raise NvmlUnavailable(
-            f"NVML unavailable: {exc} (is the NVIDIA driver installed and loaded?)"
-        ) from exc
-    return nvml
 
 
 def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealth:
@@ -341,38 +319,25 @@ def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealt
     Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
     warning; a value NVML cannot give (NotSupported, NoPermission, ...) is None.
     """
-    nv: Any = _open_nvml(nvml)
-
-    def ask(call: Callable[..., Any], *args: object) -> Any:
-        try:
-            return call(*args)
-        except nv.NVMLError as exc:
-            log.debug("NVML: %s%s unanswered: %s", getattr(call, "__name__", call), args[1:], exc)
-            return None
-
-    counters: dict[linkhealth.NvLinkError, int] = {
-        "replay": nv.NVML_NVLINK_ERROR_DL_REPLAY,
-        "recovery": nv.NVML_NVLINK_ERROR_DL_RECOVERY,
-        "crc_flit": nv.NVML_NVLINK_ERROR_DL_CRC_FLIT,
-        "crc_data": nv.NVML_NVLINK_ERROR_DL_CRC_DATA,
-    }
-    # NotSupported at link 0: a GPU without NVLink. InvalidArgument: past the GPU's last link.
-    no_more_links = (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT)
-    throughput_fields = [
-        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
-        (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
-    ]
-    try:
+    with _session(nvml) as nv:
+        ask = _asker(nv)
+        counters: dict[linkhealth.NvLinkError, int] = {
+            "replay": nv.NVML_NVLINK_ERROR_DL_REPLAY,
+            "recovery": nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+            "crc_flit": nv.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+            "crc_data": nv.NVML_NVLINK_ERROR_DL_CRC_DATA,
+        }
+        # NotSupported at link 0: a GPU without NVLink. InvalidArgument: past the GPU's last link.
+        no_more_links = (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_INVALID_ARGUMENT)
+        throughput_fields = [
+            (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _ALL_LINKS),
+            (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _ALL_LINKS),
+        ]
         read_at = time.time()
         pcie: list[linkhealth.PcieReading] = []
         nvlinks: list[linkhealth.NvLinkReading] = []
         throughput: list[linkhealth.NvLinkThroughput] = []
-        for index in range(int(nv.nvmlDeviceGetCount())):
-            try:
-                handle = nv.nvmlDeviceGetHandleByIndex(index)
-            except nv.NVMLError as exc:
-                log.warning("NVML: GPU %d unreadable, no link health for it: %s", index, exc)
-                continue
+        for index, handle in _handles(nv, "no link health for it"):
             pcie.append(
                 linkhealth.pcie_from_raw(
                     index,
@@ -404,12 +369,10 @@ def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealt
                 sent = linkhealth.throughput_from_fields(index, tx, rx)
                 if sent is not None:
                     throughput.append(sent)
-        return linkhealth.LinkHealth(
-            pcie=tuple(pcie),
-            nvlinks=tuple(nvlinks),
-            throughput=tuple(throughput),
-            under_load=under_load,
-            read_at=read_at,
-        )
-    finally:
-        nv.nvmlShutdown()
+    return linkhealth.LinkHealth(
+        pcie=tuple(pcie),
+        nvlinks=tuple(nvlinks),
+        throughput=tuple(throughput),
+        under_load=under_load,
+        read_at=read_at,
+    )

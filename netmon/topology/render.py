@@ -1,0 +1,99 @@
+"""The topology and its pair plan for people (a terminal table) and for programs (JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from netmon.topology.model import Pair, Topology
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def render_text(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> str:
+    """The matrix, the path classes with their counts, and the pair plan, for a terminal."""
+    columns = [f"GPU{i}" for i in topology.indices] + [nic.name for nic in topology.nics]
+    table: list[list[str]] = [["", *columns, "CPU Affinity", "NUMA Affinity"]]
+    for gpu in topology.gpus:
+        cells = [str(topology.path_between(gpu.index, other)) for other in topology.indices]
+        cells += [str(topology.nic_path.get((gpu.index, nic.name), "?")) for nic in topology.nics]
+        table.append(
+            [
+                f"GPU{gpu.index}",
+                *cells,
+                gpu.cpu_affinity or "N/A",
+                "N/A" if gpu.numa is None else str(gpu.numa),
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    ]
+
+    devices = [f"{nic.name}: {nic.device}" for nic in topology.nics if nic.device]
+    if devices:
+        lines += ["", "NICs: " + ", ".join(devices)]
+    ids = [g for g in topology.gpus if g.uuid or g.pci_bus_id]
+    if ids:
+        lines += [""] + [f"GPU{g.index}: {g.uuid or '?'} at {g.pci_bus_id or '?'}" for g in ids]
+    asymmetric = topology.asymmetric_pairs()
+    if asymmetric:
+        lines += [
+            "",
+            "Asymmetric cells (the farther class is used): "
+            + ", ".join(f"GPU{a}-GPU{b}" for a, b in asymmetric),
+        ]
+
+    classes = topology.classes()
+    lines += ["", "Path classes (GPU pairs):"]
+    lines += [f"  {path}: {count}" for path, count in classes.items()] or ["  none"]
+    planned = sum(len(members) for members in rounds)
+    lines += [
+        "",
+        f"Pair plan: {_count(planned, 'pair')} in {_count(len(rounds), 'round')}",
+    ]
+    for n, members in enumerate(rounds, start=1):
+        listed = "  ".join(f"{a}-{b} ({topology.path_between(a, b)})" for a, b in members)
+        lines.append(f"  round {n}: {listed}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> dict[str, Any]:
+    """The topology and plan as JSON-ready data. A contract: keys are only ever added.
+
+    gpus: [{index, uuid?, pci_bus_id?, numa?, cpu_affinity?}] (keys present when known);
+    nics: [{name, device?, paths: [{gpu, path}]}];
+    pairs: [{gpu, peer_gpu, path}] for gpu < peer_gpu; classes: {path: count};
+    rounds: [[[gpu, peer_gpu], ...], ...].
+    """
+    gpus: list[dict[str, Any]] = []
+    for gpu in topology.gpus:
+        entry: dict[str, Any] = {"index": gpu.index}
+        for key in ("uuid", "pci_bus_id", "numa", "cpu_affinity"):
+            value = getattr(gpu, key)
+            if value is not None:
+                entry[key] = value
+        gpus.append(entry)
+    nics: list[dict[str, Any]] = []
+    for nic in topology.nics:
+        item: dict[str, Any] = {"name": nic.name}
+        if nic.device is not None:
+            item["device"] = nic.device
+        item["paths"] = [
+            {"gpu": g, "path": str(topology.nic_path[(g, nic.name)])}
+            for g in topology.indices
+            if (g, nic.name) in topology.nic_path
+        ]
+        nics.append(item)
+    return {
+        "gpus": gpus,
+        "nics": nics,
+        "pairs": [
+            {"gpu": a, "peer_gpu": b, "path": str(path)}
+            for (a, b), path in topology.pairs().items()
+        ],
+        "classes": {str(path): count for path, count in topology.classes().items()},
+        "rounds": [[[a, b] for a, b in members] for members in rounds],
+    }
