@@ -1,9 +1,10 @@
-"""One-line, field-naming error messages for users (config files and command-line flags)."""
+"""One-line, field-naming error messages for users (config files, web-config files and flags)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+import yaml
 from pydantic import ValidationError
 
 
@@ -34,3 +35,26 @@ def describe_validation_error(exc: ValidationError, names: Mapping[str, str] | N
     more = len(exc.errors())
     tail = f" [and {more - 1} more]" if more > 1 else ""
     return f"{path}: {message}{shown}{tail}".replace("\n", " ")
+
+
+def describe_yaml_error(exc: Exception, *, quote: bool = True) -> str:
+    """What PyYAML could not load, as one line: "line N: not valid YAML: what was wrong".
+
+    Beyond its YAMLErrors, PyYAML's constructors raise what they meet (ValueError for
+    `!!int x`, RecursionError for deep nesting). Their messages can quote the value: `quote`
+    False names only the exception's type, for files that hold secrets.
+    """
+    if isinstance(exc, yaml.YAMLError):
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or (str(exc).splitlines() or [repr(exc)])[0]
+        return f"{where}not valid YAML: {problem}"
+    if isinstance(exc, RecursionError):
+        return "not valid YAML: nested too deeply"
+    return f"not valid YAML: {one_line(exc) if quote else type(exc).__name__}"
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """The exception's message on one line, at most `limit` characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -177,6 +177,38 @@ def test_textfile_is_prometheus_text_written_atomically(tmp_path: Path) -> None:
     assert unwritable.returncode == 2 and "--textfile" in unwritable.stderr
 
 
+def test_textfile_labels_each_path_variant_with_its_own_path(tmp_path: Path) -> None:
+    target = tmp_path / "netmon.prom"
+    done = run(
+        "probe",
+        "--backend",
+        "gloo",
+        "--ranks",
+        "2",
+        "--sizes",
+        "1K",
+        "--paths",
+        "default,pcie",
+        "-n",
+        "2",
+        "-w",
+        "1",
+        "-q",
+        "--textfile",
+        str(target),
+    )
+    assert done.returncode == 0, done.stderr
+    samples = [
+        sample
+        for family in text_string_to_metric_families(target.read_text())
+        for sample in family.samples
+        if sample.name == "netmon_busbw_bytes_per_second"
+    ]
+    # One sample per path, as the daemon exports them: not two samples both labelled "default".
+    assert sorted(s.labels["path"] for s in samples) == ["default", "pcie"]
+    assert all(s.labels["size_bytes"] == "1024" and s.value > 0 for s in samples)
+
+
 def test_path_variants_in_one_call_and_a_plot(tmp_path: Path) -> None:
     picture = tmp_path / "busbw.png"
     done = run(

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from netmon.exposition.collector import (
+from netmon.exposition.collector import make_registry
+from netmon.exposition.http import (
     MAX_CONNECTIONS,
     MAX_HEADER_BYTES,
     MAX_REQUEST_LINE,
     MetricsServer,
-    Snapshot,
-    make_registry,
 )
+from netmon.exposition.snapshot import Snapshot
 from tests.conftest import wait_for
 
 TIMEOUT = 1.0  # the server's request timeout in these tests

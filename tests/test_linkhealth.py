@@ -1,5 +1,6 @@
-"""PCIe and NVLink health: recorded nvidia-smi output -> readings -> verdicts -> metric families,
-and read_link_health on a stand-in pynvml (this machine has no GPU).
+"""PCIe and NVLink health: recorded nvidia-smi output -> readings -> verdicts -> metric families
+(the exporter's link_health collector), and read_link_health on a stand-in pynvml (this machine
+has no GPU).
 
 The fixtures are published real outputs (tests/fixtures/SOURCES.md, "nvlink / PCIe"). The
 stand-in pynvml (tests/fake_nvml.py) binds every call against the installed module's real
@@ -18,6 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from netmon.exposition.collector import link_health_families
+from netmon.exposition.snapshot import Snapshot
 from netmon.gpu.idle import IdleSourceError
 from netmon.gpu.linkhealth import (
     DOWNTRAIN_REASONS,
@@ -28,7 +31,6 @@ from netmon.gpu.linkhealth import (
     PcieReading,
     downtrained,
     field_number,
-    health_families,
     nvlink_from_raw,
     parse_nvidia_smi_q_pci,
     parse_nvlink_status,
@@ -213,6 +215,10 @@ class Fixed:
 
     def collect(self) -> Iterator[Metric]:
         yield from self.families
+
+
+def health_families(health: LinkHealth | None) -> list[Metric]:
+    return list(link_health_families(Snapshot(link_health=health)))
 
 
 def registry_of(health: LinkHealth | None) -> CollectorRegistry:

@@ -26,8 +26,10 @@ import pytest
 import yaml
 
 from netmon.errors import UsageError
-from netmon.exposition import webconfig
-from netmon.exposition.collector import MetricsServer, Snapshot, make_registry
+from netmon.exposition import webconfig, webschema
+from netmon.exposition.collector import make_registry
+from netmon.exposition.http import MetricsServer
+from netmon.exposition.snapshot import Snapshot
 from netmon.exposition.webconfig import BasicAuth, WebConfigReloader, WebSecurity
 from tests.conftest import wait_for
 from tests.daemon_harness import _SERVING, fast_config
@@ -294,7 +296,7 @@ def test_successful_checks_are_cached_and_failures_are_not(
 
 def test_htpasswd_2y_hashes_are_accepted() -> None:
     hashed = HASH.replace("$2b$", "$2y$", 1)
-    auth = webconfig.build(webconfig.parse({"basic_auth_users": {"a": hashed}}), Path("."))
+    auth = webconfig.build(webschema.parse({"basic_auth_users": {"a": hashed}}), Path("."))
     assert auth.auth is not None
     assert auth.auth.check(basic("a", PASSWORD)["Authorization"])
 

@@ -15,34 +15,23 @@ from pathlib import Path
 from prometheus_client import generate_latest
 
 import netmon
-from netmon.exposition.collector import ProbeStats, SeriesPoint, Snapshot, make_registry
+from netmon.exposition.collector import make_registry
+from netmon.exposition.snapshot import ProbeStats, SeriesPoint, Snapshot, series_points
 from netmon.probe.spec import ProbeOutcome
 
 
 def snapshot_of(
     outcomes: Sequence[ProbeOutcome], probe: str, min_busbw: float | None = None
 ) -> Snapshot:
+    """The outcomes of one `netmon probe` call as the daemon would export them, each result under
+    the path its outcome ran on."""
     now = time.time()
-    series = []
+    series: list[SeriesPoint] = []
     failures: dict[str, int] = {}
     for outcome in outcomes:
         if outcome.failure is not None:
             failures[outcome.failure.reason] = failures.get(outcome.failure.reason, 0) + 1
-        for result in outcome.results:
-            series.append(
-                SeriesPoint(
-                    probe=probe,
-                    op=result.op,
-                    size_bytes=result.size_bytes,
-                    path="default",
-                    busbw=result.busbw_bytes_per_second,
-                    algbw=result.algbw_bytes_per_second,
-                    latency_s=result.time_s,
-                    cv=result.cv,
-                    measured_at=now,
-                    min_busbw=min_busbw,
-                )
-            )
+        series.extend(series_points(outcome, probe, now, min_busbw=min_busbw))
     stats = ProbeStats(
         runs=len(outcomes),
         failures=failures,

@@ -1,8 +1,8 @@
-"""PCIe and NVLink health as NVML reports it: pure readings, verdicts, parsers of nvidia-smi text
-and the metric families that export them.
+"""PCIe and NVLink health as NVML reports it: pure readings, verdicts, parsers of nvidia-smi text.
 
 The live reader is netmon.gpu.nvml.read_link_health; it hands pynvml's raw values to the *_from_raw
-functions here, and the parsers turn recorded nvidia-smi output into the same readings.
+functions here, and the parsers turn recorded nvidia-smi output into the same readings. The
+exporter's link_health collector (netmon.exposition.collector) turns readings into metrics.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 DowntrainReason = Literal["generation", "width"]
 DOWNTRAIN_REASONS: tuple[DowntrainReason, ...] = get_args(DowntrainReason)
@@ -340,110 +338,3 @@ def parse_nvlink_status(text: str) -> list[NvLinkReading]:
                 )
             )
     return readings
-
-
-# --- metric families ----------------------------------------------------------------------------
-
-_WHEN = (
-    "Read from NVML when a probe runs, during its traffic when netmon_link_health_under_load is 1;"
-    " not at scrape time"
-)
-
-
-def health_families(health: LinkHealth | None) -> list[Metric]:
-    """The link-health metric families of one reading; none before the first reading.
-
-    Series whose value NVML could not give are left out, never exported as 0. The generation
-    verdict exists only for readings taken under load (an idle link is slow by design).
-    """
-    if health is None:
-        return []
-
-    def gauge(name: str, help_text: str, labels: Sequence[str] = ("gpu",)) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, f"{help_text}. {_WHEN}.", labels=list(labels))
-
-    def counter(name: str, help_text: str, labels: Sequence[str]) -> CounterMetricFamily:
-        return CounterMetricFamily(name, f"{help_text}. {_WHEN}.", labels=list(labels))
-
-    generation = gauge("netmon_pcie_link_generation", "Current PCIe link generation")
-    generation_max = gauge(
-        "netmon_pcie_link_generation_max",
-        "Highest PCIe generation this GPU and its slot allow together",
-    )
-    width = gauge("netmon_pcie_link_width", "Current PCIe link width (lanes)")
-    width_max = gauge(
-        "netmon_pcie_link_width_max", "Widest PCIe link this GPU and its slot allow together"
-    )
-    downtrain = gauge(
-        "netmon_pcie_link_downtrained",
-        "1 when the PCIe link runs below its maximum: reason width (fewer lanes) at any time,"
-        " reason generation only when read under load (idle GPUs lower it to save power)",
-        ("gpu", "reason"),
-    )
-    replays = counter(
-        "netmon_pcie_replay_errors", "PCIe replays since the GPU was last reset", ("gpu",)
-    )
-    for pcie in health.pcie:
-        gpu = str(pcie.gpu)
-        for family, value in (
-            (generation, pcie.gen),
-            (generation_max, pcie.gen_max),
-            (width, pcie.width),
-            (width_max, pcie.width_max),
-        ):
-            if value is not None:
-                family.add_metric([gpu], value)
-        found = downtrained(pcie, health.under_load)
-        if health.under_load and pcie.gen is not None and pcie.gen_max is not None:
-            downtrain.add_metric([gpu, "generation"], 1.0 if "generation" in found else 0.0)
-        if pcie.width is not None and pcie.width_max is not None:
-            downtrain.add_metric([gpu, "width"], 1.0 if "width" in found else 0.0)
-        if pcie.replay_counter is not None:
-            replays.add_metric([gpu], pcie.replay_counter)
-
-    up = gauge("netmon_nvlink_up", "1 when the NVLink is active", ("gpu", "link"))
-    errors = counter(
-        "netmon_nvlink_errors",
-        "NVLink data-link errors since the last reset: replay, recovery, CRC flit, CRC data",
-        ("gpu", "link", "error"),
-    )
-    for nvlink in health.nvlinks:
-        labels = [str(nvlink.gpu), str(nvlink.link)]
-        up.add_metric(labels, 1.0 if nvlink.active else 0.0)
-        for error, count in nvlink.errors().items():
-            if count is not None:
-                errors.add_metric([*labels, error], count)
-
-    throughput = counter(
-        "netmon_nvlink_throughput_bytes",
-        "NVLink payload bytes over all links of the GPU (NVML counts KiB), direction tx or rx",
-        ("gpu", "direction"),
-    )
-    for sent in health.throughput:
-        for direction, count in (("tx", sent.tx_bytes), ("rx", sent.rx_bytes)):
-            if count is not None:
-                throughput.add_metric([str(sent.gpu), direction], count)
-
-    read_at = GaugeMetricFamily(
-        "netmon_link_health_read_timestamp_seconds",
-        f"When the link health metrics were read. {_WHEN}.",
-    )
-    read_at.add_metric([], health.read_at)
-    under_load = GaugeMetricFamily(
-        "netmon_link_health_under_load",
-        "1 if the link health metrics were read while probe traffic flowed, 0 if on idle links",
-    )
-    under_load.add_metric([], 1.0 if health.under_load else 0.0)
-    return [
-        generation,
-        generation_max,
-        width,
-        width_max,
-        downtrain,
-        replays,
-        up,
-        errors,
-        throughput,
-        read_at,
-        under_load,
-    ]

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import netmon
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exposition.collector import (
+from netmon.exposition.snapshot import (
+    GroupView,
     LinkPoint,
     PeerPoint,
     PeerVerdict,
@@ -26,24 +26,16 @@ from netmon.exposition.collector import (
     SeriesPoint,
     Snapshot,
     VerdictPoint,
+    series_points,
 )
+from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe import nccl_debug
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome
 from netmon.probe.verdict import LinkVerdict
+from netmon.serve.current import CurrentConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GroupView:
-    """What this member knows of its node group right now."""
-
-    name: str
-    members: tuple[str, ...]
-    seen: tuple[str, ...]
-    leader: str | None
-    me: str
 
 
 @dataclass
@@ -62,9 +54,12 @@ class Results:
     """The daemon's mutable record, guarded by a lock, published as immutable Snapshots."""
 
     def __init__(
-        self, config: NetmonConfig, book: baseline.BaselineBook, state_path: Path | None
+        self, current: CurrentConfig, book: baseline.BaselineBook, state_path: Path | None
     ) -> None:
-        self._config = config
+        # The configuration is read from `current` whenever it is needed, and each one published
+        # there prunes what belonged to removed probes (reconfigure).
+        self._current = current
+        config = current.get()
         self._book = book
         self._state_path = state_path
         self._lock = threading.Lock()
@@ -85,7 +80,7 @@ class Results:
             for reason in nccl_debug.REASONS
         }
         self._topology: tuple[tuple[int, int, str], ...] = ()
-        self._link_health: Any = None
+        self._link_health: LinkHealth | None = None
         self._group: GroupView | None = None
         self._reload_ok = True
         self._reload_failures = 0
@@ -95,9 +90,10 @@ class Results:
         self._group_rejected: dict[str, int] = {}
         self.state_write_errors = 0
         self._snapshot = self._build_snapshot()
+        current.on_change(self.reconfigure)
 
     def snapshot(self) -> Snapshot:
-        pause = self._config.pause_file
+        pause = self._current.get().pause_file
         snapshot = self._snapshot
         paused = bool(pause and pause.exists())
         if snapshot.paused == paused:
@@ -140,7 +136,6 @@ class Results:
     def reconfigure(self, config: NetmonConfig) -> None:
         """A reloaded configuration: new probes start counting, removed ones disappear."""
         with self._lock:
-            self._config = config
             names = {p.name for p in config.probes or ()}
             self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
@@ -189,7 +184,7 @@ class Results:
             self._peer_verdicts[probe] = PeerVerdict(members, suspects, pair_suspects)
             self._snapshot = self._build_snapshot()
 
-    def set_link_health(self, health: Any) -> None:
+    def set_link_health(self, health: LinkHealth | None) -> None:
         with self._lock:
             self._link_health = health
             self._snapshot = self._build_snapshot()
@@ -218,10 +213,14 @@ class Results:
         self,
         probe: ProbeConfig,
         outcome: ProbeOutcome,
-        path: str = "default",
+        path: str | None = None,
         export: bool = True,
     ) -> list[baseline.Verdict]:
-        """Account a launched probe; `export` False for a group round another member exports."""
+        """Account a launched probe; `export` False for a group round another member exports.
+
+        `path` labels its results and transports: the path the outcome ran on unless given.
+        """
+        path = outcome.spec.path if path is None else path
         verdicts = []
         with self._lock:
             now = time.time()
@@ -264,26 +263,16 @@ class Results:
     def _learn(
         self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str
     ) -> list[baseline.Verdict]:
-        verdicts = []
-        for result in outcome.results:
-            key = (probe.name, result.op, result.size_bytes, path)
-            verdict = self._book.observe(key, result.busbw_bytes_per_second)
-            verdicts.append(verdict)
-            self._points[key] = SeriesPoint(
-                probe=probe.name,
-                op=result.op,
-                size_bytes=result.size_bytes,
-                path=path,
-                busbw=result.busbw_bytes_per_second,
-                algbw=result.algbw_bytes_per_second,
-                latency_s=result.time_s,
-                cv=result.cv,
-                measured_at=now,
-                baseline=verdict.baseline,
-                ratio=verdict.ratio,
-                degraded=verdict.degraded,
-                min_busbw=probe.min_busbw,
-            )
+        verdicts: list[baseline.Verdict] = []
+
+        def judge(key: baseline.BaselineKey, busbw: float) -> baseline.Verdict:
+            verdicts.append(self._book.observe(key, busbw))
+            return verdicts[-1]
+
+        for point in series_points(
+            outcome, probe.name, now, path=path, min_busbw=probe.min_busbw, judge=judge
+        ):
+            self._points[point.key] = point
         return verdicts
 
     def _save_state(self) -> None:
@@ -297,7 +286,7 @@ class Results:
 
     def _build_snapshot(self) -> Snapshot:
         probes = {}
-        for probe in self._config.probes or ():
+        for probe in self._current.get().probes or ():
             tally = self._tally(probe.name)
             probes[probe.name] = ProbeStats(
                 runs=tally.runs,

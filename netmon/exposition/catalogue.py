@@ -1,0 +1,221 @@
+"""Every metric family netmon exports, as data: name, type, unit, labels, HELP text and the
+collector that builds it. The collectors take HELP and type from here, and the tests hold the
+catalogue, docs/METRICS.md, the dashboard and the alert rules to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+# info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
+# netmon serves (0.0.4) has no info type, so it is exposed as a gauge, as it always was.
+Kind = Literal["gauge", "counter", "info"]
+# What HELP adds after the catalogue's text: probes, the probes' schedule (from the snapshot); nvml,
+# when NVML is read. Either way the reader learns that the value is not measured at scrape time.
+Measured = Literal["", "probes", "nvml"]
+
+SERIES_LABELS = ("probe", "op", "size_bytes", "path")
+
+NVML_WHEN = (
+    "Read from NVML when a probe runs, during its traffic when netmon_link_health_under_load is 1;"
+    " not at scrape time"
+)
+
+# Bounded label values, exported as 0 from the start so that rate() and increase() see the first
+# event (docs/METRICS.md lists them).
+FAILURE_REASONS = (
+    "timeout_spawn",
+    "timeout_rendezvous",
+    "timeout_init",
+    "timeout_warmup",
+    "timeout_measure",
+    "timeout_check",
+    "timeout_teardown",
+    "rendezvous",
+    "rank_exit",
+    "rank_signal",
+    "rank_error",
+    "spawn",
+    "check",
+    "paused",
+    "preempted",
+    "shutdown",
+    "internal",
+    "member_absent",
+)
+SKIP_REASONS = (
+    "paused",
+    "devices_busy",
+    "gpu_busy_process",
+    "gpu_busy_utilization",
+    "gpu_busy_memory",
+    "gpu_allocated",
+    "gpu_unknown",
+    "gpu_mig",
+    "gpu_compute_mode",
+    "gpu_missing",
+    "nvml_error",
+    "kubelet_error",
+    "shutting_down",
+    "still_running",
+    "member_absent",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One exported family. A counter is named here without `_total`; its samples carry it."""
+
+    collector: str  # the collector that builds it ("scrape": the collector framework itself)
+    name: str
+    kind: Kind
+    unit: str  # base unit the name ends with (seconds, bytes, bytes_per_second, ratio), or ""
+    labels: tuple[str, ...]
+    help: str
+    measured: Measured = ""
+
+    @property
+    def type(self) -> Literal["gauge", "counter"]:
+        """The type in the exposition."""
+        return "counter" if self.kind == "counter" else "gauge"
+
+    @property
+    def sample_name(self) -> str:
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+
+_SERIES = SERIES_LABELS
+_PAIR = ("probe", "gpu", "peer_gpu", "path")
+
+# fmt: off
+CATALOGUE: tuple[Family, ...] = (
+    # series: the latest result of each (probe, op, size, path), with its baseline verdict
+    Family("series", "netmon_busbw_bytes_per_second", "gauge", "bytes_per_second", _SERIES,
+           "Bus bandwidth (nccl-tests busbw)", "probes"),
+    Family("series", "netmon_algbw_bytes_per_second", "gauge", "bytes_per_second", _SERIES,
+           "Algorithm bandwidth (size / time)", "probes"),
+    Family("series", "netmon_latency_seconds", "gauge", "seconds", _SERIES,
+           "Time per op, median over samples", "probes"),
+    Family("series", "netmon_latency_variation_ratio", "gauge", "ratio", _SERIES,
+           "Coefficient of variation of the time per op", "probes"),
+    Family("series", "netmon_measurement_timestamp_seconds", "gauge", "seconds", _SERIES,
+           "When this value was measured", "probes"),
+    Family("series", "netmon_busbw_baseline_bytes_per_second", "gauge", "bytes_per_second", _SERIES,
+           "Learned baseline: median busbw of recent healthy results", "probes"),
+    Family("series", "netmon_busbw_baseline_ratio", "gauge", "ratio", _SERIES,
+           "Latest busbw divided by its baseline", "probes"),
+    Family("series", "netmon_degraded", "gauge", "", _SERIES,
+           "1 when M of the last N results fell under R x baseline (hysteresis both ways)",
+           "probes"),
+    Family("series", "netmon_busbw_threshold_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "Configured min_busbw of the probe", "probes"),
+    # paths: path variants against each other, and the transports NCCL chose
+    Family("paths", "netmon_nvlink_pcie_busbw_ratio", "gauge", "ratio",
+           ("probe", "op", "size_bytes"),
+           "busbw on the default (NVLink) path over the PCIe host-memory path (NCCL_P2P_DISABLE)",
+           "probes"),
+    Family("paths", "netmon_transport_info", "info", "", ("probe", "path", "transport"),
+           "1 for each transport the ranks of a probe path used, from NCCL_DEBUG=INFO (p2p, shm, "
+           "net_ib, net_socket, net_other, nvls; gloo for CPU ranks)"),
+    Family("paths", "netmon_transport_mismatch", "counter", "", ("probe", "path", "reason"),
+           "Probe runs whose transports contradicted the intended path, by reason"),
+    # pairs: GPU pairs probed alone, judged against their path class
+    Family("pairs", "netmon_link_busbw_bytes_per_second", "gauge", "bytes_per_second",
+           ("probe", "size_bytes", "gpu", "peer_gpu", "path"),
+           "busbw of one GPU pair probed alone (2 ranks)", "probes"),
+    Family("pairs", "netmon_link_busbw_ratio", "gauge", "ratio", _PAIR,
+           "A pair's busbw at its largest size over the median of its path class", "probes"),
+    Family("pairs", "netmon_link_suspect", "gauge", "", _PAIR,
+           "1 when the pair is low against its path class and neither GPU explains it"),
+    Family("pairs", "netmon_gpu_suspect", "gauge", "", ("probe", "gpu"),
+           "1 when every pair of this GPU (or CPU rank) is low against its path class"),
+    Family("pairs", "netmon_topology_link_info", "info", "", ("gpu", "peer_gpu", "path"),
+           "1 for every GPU pair, with its path class as nvidia-smi topo -m shows it (NV18, PIX)"),
+    # probes: what running the probes did and cost
+    Family("probes", "netmon_probe_runs", "counter", "", ("probe",), "Probe runs started"),
+    Family("probes", "netmon_probe_failures", "counter", "", ("probe", "reason"),
+           "Probe runs that failed, by reason"),
+    Family("probes", "netmon_probe_skips", "counter", "", ("probe", "reason"),
+           "Scheduled probe runs not started, by reason"),
+    Family("probes", "netmon_probe_busy_seconds", "counter", "seconds", ("probe",),
+           "Device-seconds held by probes (wall time x devices or CPU ranks): the cost of probing"),
+    Family("probes", "netmon_probe_last_success_timestamp_seconds", "gauge", "seconds", ("probe",),
+           "When the probe last succeeded"),
+    Family("probes", "netmon_probe_last_run_timestamp_seconds", "gauge", "seconds", ("probe",),
+           "When the probe last ended, success or not"),
+    Family("probes", "netmon_probe_duration_seconds", "gauge", "seconds", ("probe",),
+           "Wall time of the last run"),
+    Family("probes", "netmon_probe_peak_device_memory_bytes", "gauge", "bytes", ("probe",),
+           "Peak device memory a rank allocated in the last run (torch allocator, nccl only)"),
+    Family("probes", "netmon_probe_interval_seconds", "gauge", "seconds", ("probe",),
+           "Configured probe interval"),
+    # link_health: PCIe and NVLink as NVML reports them
+    Family("link_health", "netmon_pcie_link_generation", "gauge", "", ("gpu",),
+           "Current PCIe link generation", "nvml"),
+    Family("link_health", "netmon_pcie_link_generation_max", "gauge", "", ("gpu",),
+           "Highest PCIe generation this GPU and its slot allow together", "nvml"),
+    Family("link_health", "netmon_pcie_link_width", "gauge", "", ("gpu",),
+           "Current PCIe link width (lanes)", "nvml"),
+    Family("link_health", "netmon_pcie_link_width_max", "gauge", "", ("gpu",),
+           "Widest PCIe link this GPU and its slot allow together", "nvml"),
+    Family("link_health", "netmon_pcie_link_downtrained", "gauge", "", ("gpu", "reason"),
+           "1 when the PCIe link runs below its maximum: reason width (fewer lanes) at any time, "
+           "reason generation only when read under load (idle GPUs lower it to save power)",
+           "nvml"),
+    Family("link_health", "netmon_pcie_replay_errors", "counter", "", ("gpu",),
+           "PCIe replays since the GPU was last reset", "nvml"),
+    Family("link_health", "netmon_nvlink_up", "gauge", "", ("gpu", "link"),
+           "1 when the NVLink is active", "nvml"),
+    Family("link_health", "netmon_nvlink_errors", "counter", "", ("gpu", "link", "error"),
+           "NVLink data-link errors since the last reset: replay, recovery, CRC flit, CRC data",
+           "nvml"),
+    Family("link_health", "netmon_nvlink_throughput_bytes", "counter", "bytes",
+           ("gpu", "direction"),
+           "NVLink payload bytes over all links of the GPU (NVML counts KiB), direction tx or rx",
+           "nvml"),
+    Family("link_health", "netmon_link_health_read_timestamp_seconds", "gauge", "seconds", (),
+           "When the link health metrics were read", "nvml"),
+    Family("link_health", "netmon_link_health_under_load", "gauge", "", (),
+           "1 if the link health metrics were read while probe traffic flowed, 0 if on idle links"),
+    # group: node pairs across a group, and the group itself
+    Family("group", "netmon_peer_busbw_bytes_per_second", "gauge", "bytes_per_second",
+           ("probe", "size_bytes", "peer"),
+           "busbw between this node and `peer` (a node_pairs probe, 2-node world), exported by the"
+           " node that hosted rank 0", "probes"),
+    Family("group", "netmon_peer_suspect", "gauge", "", ("probe", "peer"),
+           "1 when every node pair of this member is low against the median of all node pairs "
+           "(exported by the leader)"),
+    Family("group", "netmon_peer_link_suspect", "gauge", "", ("probe", "member", "peer"),
+           "1 for a node pair low against the median of all node pairs that neither node explains "
+           "(exported by the leader)"),
+    Family("group", "netmon_group_members", "gauge", "", ("group",),
+           "Group members this node reaches now, itself included"),
+    Family("group", "netmon_group_member_up", "gauge", "", ("group", "member"),
+           "1 when this node reaches the member's store agent"),
+    Family("group", "netmon_group_leader", "gauge", "", ("group", "leader"),
+           "1 for the member this node follows as leader (the lowest-named reachable member)"),
+    Family("group", "netmon_group_messages_rejected", "counter", "", ("group", "member"),
+           "Group messages that failed authentication (wrong secret, tampered, replayed or stale),"
+           " by the member they claimed to come from"),
+    # daemon: the process itself
+    Family("daemon", "netmon_paused", "gauge", "", (), "1 while the operator pause file exists"),
+    Family("daemon", "netmon_build_info", "info", "", ("version", "torch", "nccl"),
+           "netmon, torch and NCCL versions"),
+    Family("daemon", "netmon_config_last_reload_successful", "gauge", "", (),
+           "1 if the last configuration reload (SIGHUP) succeeded"),
+    Family("daemon", "netmon_config_reload_failures", "counter", "", (),
+           "Configuration reloads refused (the old one stayed)"),
+    Family("daemon", "netmon_config_last_reload_success_timestamp_seconds", "gauge", "seconds", (),
+           "When the running configuration was loaded"),
+    Family("daemon", "netmon_start_time_seconds", "gauge", "seconds", (),
+           "When the daemon started"),
+    # scrape: whether each collector built its families
+    Family("scrape", "netmon_scrape_collector_success", "gauge", "", ("collector",),
+           "1 if the collector built its families from the current results, 0 if it failed (its "
+           "families are left out; the log has the error)"),
+)
+# fmt: on
+
+BY_NAME: Mapping[str, Family] = {family.name: family for family in CATALOGUE}
