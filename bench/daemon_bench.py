@@ -50,18 +50,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.config import NetmonConfig, load_config, resolve
-from netmon.exposition.collector import (
-    LinkPoint,
-    MetricsServer,
-    ProbeStats,
-    SeriesPoint,
-    Snapshot,
-    SnapshotPage,
-    make_registry,
-)
+from netmon.exposition.collector import SnapshotPage, make_registry
+from netmon.exposition.http import MetricsServer
+from netmon.exposition.snapshot import LinkPoint, ProbeStats, SeriesPoint, Snapshot
 from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
+from netmon.probe.build import build_spec
 from netmon.probe.launcher import run_probe
-from netmon.serve.runner import spec_for
 
 HOST = "127.0.0.1"
 COMPRESSION = 60  # an hour of scheduled rounds in a minute
@@ -779,7 +773,7 @@ def measure_duty_cycle(repeats: int) -> dict[str, Any]:
     ranks: dict[str, int] = {}
     for repeat in range(repeats):
         for probe in probes:  # interleaved, so a drift of the machine spreads over both
-            spec = spec_for(probe, config)
+            spec = build_spec(probe, config)
             ranks[probe.name] = max(len(spec.devices), spec.ranks)
             cap = min(spec.timeout, PROBE_CAP_S)
             spec = spec.model_copy(update={"timeout": cap, "deadlines": spec.deadlines.capped(cap)})

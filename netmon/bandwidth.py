@@ -22,15 +22,7 @@ OpName = Literal[
     "sendrecv",
     "all_gather_object",
 ]
-OPS: tuple[OpName, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "alltoall",
-    "sendrecv",
-    "all_gather_object",
-)
+OPS: tuple[OpName, ...] = get_args(OpName)
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -27,7 +27,7 @@ from netmon.bandwidth import (
     size_sweep,
 )
 from netmon.baseline import BaselinePolicy
-from netmon.errors import UsageError, describe_validation_error, field_path
+from netmon.errors import UsageError, describe_validation_error, describe_yaml_error, field_path
 from netmon.gpu.idle import IdlePolicy
 from netmon.group.members import GroupConfig
 from netmon.probe.paths import check_names
@@ -55,6 +55,20 @@ def _size(value: Any) -> int:
         return parse_size(value)
     except OverflowError:  # digits beyond a float's range: a ValueError, so the field is named
         raise ValueError("the size is too large") from None
+
+
+def _devices(value: object) -> object:
+    """GPUs as a list or a comma-separated string: indexes or UUIDs, as text."""
+    if isinstance(value, (str, int)) and not isinstance(value, bool):
+        value = [part for part in str(value).split(",") if part.strip()]
+    if isinstance(value, (list, tuple)):
+        # Only indexes and UUIDs: str() of anything else would name a GPU that never exists.
+        ok = all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
+        items = tuple(str(v).strip() for v in value)
+        if not ok or not items or not all(items):
+            raise ValueError("give one or more GPU indexes or UUIDs, like [0, 1] or 0,1")
+        return items
+    return value
 
 
 class ProbeConfig(_Strict):
@@ -148,16 +162,7 @@ class ProbeConfig(_Strict):
     @field_validator("devices", mode="before")
     @classmethod
     def _device_list(cls, value: object) -> object:
-        if isinstance(value, (str, int)) and not isinstance(value, bool):
-            value = [part for part in str(value).split(",") if part.strip()]
-        if isinstance(value, (list, tuple)):
-            # Only indexes and UUIDs: str() of anything else would name a GPU that never exists.
-            ok = all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in value)
-            items = tuple(str(v).strip() for v in value)
-            if not ok or not items or not all(items):
-                raise ValueError("give one or more GPU indexes or UUIDs, like [0, 1] or 0,1")
-            return items
-        return value
+        return _devices(value)
 
     @property
     def effective_jitter(self) -> float:
@@ -183,8 +188,9 @@ class NetmonConfig(_Strict):
     rank_python: str | None = None  # interpreter for rank processes; default: this one
     # Extra environment for every rank (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME...).
     env: dict[str, str] = Field(default_factory=dict)
-    # A per-rank command prefix; {rank}, {gpu} and {numa} are replaced:
-    # [numactl, "--cpunodebind={numa}"] on real nodes, [ip, netns, exec, "ns{gpu}"] in tests.
+    # A per-rank command prefix; {rank}, {gpu} and {numa} are replaced for every kind of probe
+    # (probe.build): [numactl, "--cpunodebind={numa}"] on real nodes, [ip, netns, exec, "ns{gpu}"]
+    # in tests. {numa} needs the GPUs' NUMA nodes (NVML or topology_file), checked at start.
     rank_wrapper: tuple[str, ...] = ()
     # The address rank 0 binds for rendezvous; {gpu} is replaced by rank 0's GPU (pair probes).
     rendezvous_host: str = "127.0.0.1"
@@ -209,7 +215,7 @@ class NetmonConfig(_Strict):
     @field_validator("devices", mode="before")
     @classmethod
     def _device_list(cls, value: object) -> object:
-        return ProbeConfig._device_list(value)
+        return _devices(value)
 
     @model_validator(mode="after")
     def _group_probes_need_a_group(self) -> NetmonConfig:
@@ -336,15 +342,8 @@ def load_document(path: Path | None) -> dict[str, Any]:
         ) from None
     try:
         document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid YAML: nested too deeply") from None
-    except Exception as exc:  # PyYAML's constructors: 2001-13-01, !!int x, !!bool maybe
-        raise ConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
+    except Exception as exc:  # YAMLError, and PyYAML's constructors: 2001-13-01, !!int x
+        raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):

@@ -25,22 +25,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from netmon import baseline
 from netmon.bandwidth import bus_factor
 from netmon.config import NetmonConfig, ProbeConfig, parse_config
-from netmon.exposition.collector import (
-    FAILURE_REASONS,
-    SERIES_LABELS,
-    SKIP_REASONS,
+from netmon.exposition.catalogue import FAILURE_REASONS, SERIES_LABELS, SKIP_REASONS
+from netmon.exposition.collector import SnapshotPage, make_registry
+from netmon.exposition.http import MetricsServer
+from netmon.exposition.snapshot import (
+    GroupView,
     LinkPoint,
-    MetricsServer,
     PeerPoint,
     PeerVerdict,
     ProbeStats,
     SeriesPoint,
     Snapshot,
-    SnapshotPage,
-    make_registry,
 )
 from netmon.gpu import idle
 from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
+from netmon.probe.build import build_spec
 from netmon.probe.spec import (
     PHASES,
     FailureCause,
@@ -49,8 +48,8 @@ from netmon.probe.spec import (
     ProbeOutcome,
     SizeResult,
 )
-from netmon.serve.results import GroupView, Results
-from netmon.serve.runner import spec_for
+from netmon.serve.current import CurrentConfig
+from netmon.serve.results import Results
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 MIB = 1 << 20
@@ -552,7 +551,7 @@ def outcome(
     wall_s: float = 2.0,
     nccl: str | None = None,
 ) -> ProbeOutcome:
-    spec = spec_for(probe, config)
+    spec = build_spec(probe, config)
     factor = bus_factor(spec.op, spec.ranks)
     results: tuple[SizeResult, ...] = ()
     if failure is None:
@@ -594,7 +593,11 @@ def outcome(
 def setup(tmp_path: Path) -> tuple[NetmonConfig, Results, Path]:
     config = results_config(tmp_path)
     state = tmp_path / "b.json"
-    return config, Results(config, baseline.BaselineBook(config.baseline), state_path=state), state
+    return (
+        config,
+        Results(CurrentConfig(config), baseline.BaselineBook(config.baseline), state_path=state),
+        state,
+    )
 
 
 def run(results: Results, probe: ProbeConfig, done: ProbeOutcome) -> list[baseline.Verdict]:
@@ -767,7 +770,9 @@ def test_results_survive_an_unwritable_state_file(tmp_path: Path) -> None:
     assert config.probes is not None
     small = config.probes[0]
     state = tmp_path / "missing-dir" / "b.json"
-    results = Results(config, baseline.BaselineBook(config.baseline), state_path=state)
+    results = Results(
+        CurrentConfig(config), baseline.BaselineBook(config.baseline), state_path=state
+    )
     run(results, small, outcome(config, small))
     assert results.state_write_errors == 1
     assert results.snapshot().probes["small"].runs == 1

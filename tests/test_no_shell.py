@@ -67,7 +67,10 @@ def test_shell_syntax_in_a_wrapper_and_the_environment_stays_text(tmp_path: Path
         iters=1,
         warmup=0,
         # Under a shell each of these would create the marker; as argv and values they do not.
-        wrapper=("env", f"NETMON_X=$(touch {marker})", f"NETMON_Y=`touch {marker}`;"),
+        wrappers=tuple(
+            (rank, ("env", f"NETMON_X=$(touch {marker})", f"NETMON_Y=`touch {marker}`;"))
+            for rank in (0, 1)
+        ),
         env=(("NETMON_Z", f"; touch {marker} #"),),
         timeout=120,
     )

@@ -15,6 +15,7 @@ import pytest
 
 from netmon import bandwidth
 from netmon.bandwidth import OpName
+from netmon.probe.build import rank_wrappers
 from netmon.probe.launcher import Launcher, run_probe
 from netmon.probe.spec import PhaseDeadlines, ProbeOutcome, ProbeSpec
 from tests.conftest import listening_ports, live_processes, shm_entries, wait_for
@@ -177,11 +178,11 @@ def test_a_rank_exception_is_reported_with_its_message() -> None:
         iters=1,
         warmup=0,
         timeout=60,
-        wrapper=(
-            "sh",
-            "-c",
-            'if [ {rank} = 1 ]; then echo boom >&2; exit 7; fi; exec "$@"',
-            "wrapper",
+        wrappers=rank_wrappers(
+            ("sh", "-c", 'if [ {rank} = 1 ]; then echo boom >&2; exit 7; fi; exec "$@"', "wrapper"),
+            ranks=(0, 1),
+            devices=(),
+            topology=None,
         ),
     )
     outcome = run_probe(spec)

@@ -12,8 +12,10 @@ from netmon import baseline
 from netmon.config import parse_config, resolve
 from netmon.gpu import idle
 from netmon.probe.launcher import Launcher
+from netmon.serve.current import CurrentConfig
+from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
-from netmon.serve.runner import DeviceLocks, ProbeRunner
+from netmon.serve.runner import ProbeRunner
 
 
 def _reading(index: int, pids: tuple[int, ...] = (), utilization: float = 0.0) -> idle.GpuReading:
@@ -38,10 +40,10 @@ def _runner(
         ),
         gpus=2,
     )
-    results = Results(config, baseline.BaselineBook(config.baseline), None)
-    return ProbeRunner(
-        config, results, DeviceLocks(), source, threading.Event(), launcher=launcher
-    ), results
+    current = CurrentConfig(config)
+    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    readiness = Readiness(current, DeviceLocks(), source, threading.Event())
+    return ProbeRunner(current, results, readiness, launcher=launcher), results
 
 
 class _NeverLaunch:
@@ -76,26 +78,27 @@ def test_pause_file_skips_before_reading_nvml(tmp_path: Path) -> None:
 
 def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
     runner, _ = _runner(tmp_path, idle.ReplaySource([[_reading(0), _reading(1)]]))
-    runner.foreign_check_s = 0.0
-    abort = runner._abort_check(("0", "1"))
+    readiness = runner.readiness
+    readiness.foreign_check_s = 0.0
+    abort = readiness.abort_check(("0", "1"))
     assert abort() is None
     # A child of this process stands for a rank: ours, so not foreign.
     rank = subprocess.Popen(["sleep", "30"])
     try:
-        runner.idle_source = idle.ReplaySource([[_reading(0, pids=(rank.pid,)), _reading(1)]])
+        readiness.idle_source = idle.ReplaySource([[_reading(0, pids=(rank.pid,)), _reading(1)]])
         assert abort() is None
-        runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
+        readiness.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
         assert abort() == "preempted"
         # The kubelet gave GPU 1 to a pod whose process has not started: preempted too.
         given = dataclasses.replace(_reading(1), allocated_to="jobs/train-0/worker")
-        runner.idle_source = idle.ReplaySource([[_reading(0), given]])
+        readiness.idle_source = idle.ReplaySource([[_reading(0), given]])
         assert abort() == "preempted"
-        runner.idle_source = idle.ReplaySource([[_reading(0), _reading(1)]])
+        readiness.idle_source = idle.ReplaySource([[_reading(0), _reading(1)]])
         assert abort() is None
     finally:
         rank.kill()
         rank.wait()
-    runner.stopping.set()
+    readiness.stopping.set()
     assert abort() == "shutdown"
 
 
@@ -138,6 +141,6 @@ def test_an_internal_error_is_counted_not_raised(tmp_path: Path) -> None:
             raise idle.IdleSourceError("unused")
 
     runner, results = _runner(tmp_path, Broken())
-    runner.locks = None  # type: ignore[assignment]  # any bug inside a run
+    runner.readiness = None  # type: ignore[assignment]  # any bug inside a run
     runner.run("small")
     assert results.snapshot().probes["small"].failures == {"internal": 1}

@@ -205,6 +205,11 @@ class SealedLink:
         self.on_reject = on_reject
         self.clock = clock
 
+    @property
+    def address(self) -> str:
+        """The address this member's store is bound to, where its ranks can be reached too."""
+        return self.link.host
+
     def put(self, member: str, key: str, body: dict[str, Any]) -> None:
         self.link.set(member, key, self.sealer.seal(key, body))
 

@@ -1,4 +1,6 @@
-"""Collective probes: what they are (spec), how ranks run (worker), who runs them (launcher)."""
+"""Collective probes: what they are (spec) and the one builder of every spec (build), how ranks
+run (worker) and who runs them (launcher); path variants (paths), GPU pairs (pairs, verdict) and
+what NCCL's log says it did (nccl_debug)."""
 
 from __future__ import annotations
 

@@ -29,6 +29,13 @@ from typing import Any
 import netmon
 from netmon import bandwidth
 from netmon.probe import nccl_debug
+from netmon.probe.processes import (
+    describe_status,
+    exit_status,
+    is_loopback,
+    process_state,
+    stderr_tail,
+)
 from netmon.probe.spec import (
     PHASES,
     FailureCause,
@@ -48,7 +55,6 @@ TERM_GRACE_S = 2.0
 # peers raise "connection closed" a moment later, and the signal is the real cause.
 BLAME_WINDOW_S = 0.3
 POLL_S = 0.05
-STDERR_TAIL = 1500
 
 
 @dataclass
@@ -79,41 +85,6 @@ class _Candidate:
     failure: ProbeFailure = field(compare=False)
 
 
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat (R, S, D, T, Z...), or None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def _exit_status(pid: int) -> int | None:
-    """Exit status of a finished child without reaping it, or None while it runs."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    if info is None or info.si_pid == 0:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return int(info.si_status)
-    return -int(info.si_status)
-
-
-def _describe_status(status: int) -> str:
-    if status < 0:
-        try:
-            return f"killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"killed by signal {-status}"
-    return f"exited with status {status}"
-
-
 class Launcher:
     def __init__(
         self,
@@ -122,7 +93,6 @@ class Launcher:
         python: str = sys.executable,
         abort: AbortCheck | None = None,
         on_event: EventHook | None = None,
-        numa_of: Mapping[int, int] | None = None,
         extra_env: Mapping[str, str] | None = None,
         local_ranks: Sequence[int] | None = None,
         port_source: Callable[[], int | None] | None = None,
@@ -134,7 +104,6 @@ class Launcher:
         self.python = python
         self.abort = abort
         self.on_event = on_event
-        self.numa_of = dict(numa_of or {})
         self.extra_env = dict(extra_env or {})
         self.local_ranks = tuple(range(spec.ranks)) if local_ranks is None else tuple(local_ranks)
         if not self.local_ranks or not set(self.local_ranks) <= set(range(spec.ranks)):
@@ -194,13 +163,13 @@ class Launcher:
             if self.spec.devices:
                 env["CUDA_VISIBLE_DEVICES"] = self.spec.devices[rank]
             if "NCCL_DEBUG" not in self.spec.env_dict():
-                # The transport actually used is only in NCCL's own log (FIELD-NOTES).
+                # Only NCCL's own log shows the transport used (docs/FACTS.md, "Transport log").
                 env["NCCL_DEBUG"] = "INFO"
                 env["NCCL_DEBUG_SUBSYS"] = "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"
                 env["NCCL_DEBUG_FILE"] = str(self._workdir / f"nccl.rank{rank}.%h.%p.log")
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank must never create a CUDA context
-            if _is_loopback(self.spec.host):
+            if is_loopback(self.spec.host):
                 env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         # Two ranks on a small host fight over intra-op threads; collectives do not need them.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -209,16 +178,7 @@ class Launcher:
         return env
 
     def _command(self, rank: int) -> list[str]:
-        gpu = self.spec.devices[rank] if self.spec.devices else str(rank)
-        values = {"rank": str(rank), "gpu": gpu, "numa": str(self.numa_of.get(rank, ""))}
-        prefix = []
-        for part in self.spec.wrapper:
-            if "{numa}" in part and rank not in self.numa_of:
-                raise ValueError(
-                    f"wrapper uses {{numa}} but the NUMA node of rank {rank} is unknown"
-                )
-            prefix.append(part.format(**values))
-        return [*prefix, self.python, "-m", "netmon.probe.worker"]
+        return [*self.spec.wrapper_of(rank), self.python, "-m", "netmon.probe.worker"]
 
     def _spawn_all(self, workdir: Path) -> ProbeFailure | None:
         spec_json = self.spec.model_dump(mode="json")
@@ -355,30 +315,12 @@ class Launcher:
     def _record_size(self, event: dict[str, Any]) -> None:
         spec = self.spec
         per_rank = [[float(v) for v in times] for times in event["samples"]]
-        samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
-        stats = bandwidth.spread(samples)
         size_bytes = int(event["size_bytes"])
+        samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
         reps = spec.batch if spec.timing == "batched" else 1
         self._collective_s += sum(samples) * reps
-        result = SizeResult(
-            op=spec.op,
-            size_bytes=size_bytes,
-            count=int(event["count"]),
-            dtype=spec.dtype,
-            chunks=spec.chunks,
-            time_s=stats.median,
-            min_s=stats.min,
-            p10_s=stats.p10,
-            p90_s=stats.p90,
-            max_s=stats.max,
-            cv=stats.cv,
-            samples=stats.samples,
-            algbw_bytes_per_second=bandwidth.algbw(size_bytes, stats.median),
-            busbw_bytes_per_second=bandwidth.busbw(spec.op, spec.ranks, size_bytes, stats.median),
-            bus_factor=bandwidth.bus_factor(spec.op, spec.ranks),
-            check_ok=event.get("check_ok"),
-            path=spec.path,
-            rank_medians_s=bandwidth.rank_medians(per_rank),
+        result = SizeResult.of_samples(
+            spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok")
         )
         self._results.append(result)
         if result.check_ok is False:
@@ -397,7 +339,7 @@ class Launcher:
         for entry in self._ranks:
             if entry.exit_status is not None:
                 continue
-            status = _exit_status(entry.proc.pid)
+            status = exit_status(entry.proc.pid)
             if status is None:
                 continue
             # Take what it wrote before dying: its error report names the real cause.
@@ -407,7 +349,7 @@ class Launcher:
             if entry.done and status == 0:
                 continue
             if status < 0:
-                self._blame(3, now, entry.rank, entry.phase, "signal", _describe_status(status))
+                self._blame(3, now, entry.rank, entry.phase, "signal", describe_status(status))
             elif entry.error is None:
                 self._blame(
                     2,
@@ -415,7 +357,7 @@ class Launcher:
                     entry.rank,
                     entry.phase,
                     "exit",
-                    f"{_describe_status(status)}; {self._stderr_tail(entry)}",
+                    f"{describe_status(status)}; {stderr_tail(entry.stderr_path)}",
                 )
 
     def _blame(
@@ -473,7 +415,7 @@ class Launcher:
         """
 
         def progress(entry: _Rank) -> tuple[int, int, int]:
-            state = _process_state(entry.proc.pid)
+            state = process_state(entry.proc.pid)
             frozen = state in ("T", "t") or now - entry.last_heard > 2.0
             return (0 if frozen else 1, PHASES.index(entry.phase), entry.sizes_done)
 
@@ -482,7 +424,7 @@ class Launcher:
     def _timeout_detail(self, entry: _Rank, now: float) -> str:
         waited = now - entry.phase_since
         where = f" at {bandwidth.format_size(entry.size)}B" if entry.size else ""
-        state = _process_state(entry.proc.pid)
+        state = process_state(entry.proc.pid)
         notes = {
             "T": "; the process is stopped (SIGSTOP?)",
             "t": "; the process is traced",
@@ -498,7 +440,7 @@ class Launcher:
     # ---- teardown ----
 
     def _alive(self) -> list[_Rank]:
-        return [e for e in self._ranks if not e.reaped and _exit_status(e.proc.pid) is None]
+        return [e for e in self._ranks if not e.reaped and exit_status(e.proc.pid) is None]
 
     def _signal_groups(self, signum: int) -> None:
         for entry in self._ranks:
@@ -529,20 +471,7 @@ class Launcher:
         """The transports NCCL logged, and how they contradict the intent; gloo is gloo."""
         if self.spec.backend != "nccl":
             return ("gloo",), ()
-        logs = sorted(workdir.glob("nccl.rank*.log"))
-        text = "\n".join(path.read_text(errors="replace") for path in logs)
-        if not text:
-            return (), ()
-        report = nccl_debug.parse(text)
-        return tuple(sorted(report.transports)), tuple(nccl_debug.judge(report, self.spec.intent))
-
-    def _stderr_tail(self, entry: _Rank) -> str:
-        try:
-            text = entry.stderr_path.read_text(errors="replace")
-        except OSError:
-            return "no stderr"
-        lines = [line for line in text.strip().splitlines() if line.strip()]
-        return " | ".join(lines[-5:])[-STDERR_TAIL:] or "no stderr"
+        return nccl_debug.judge_logs(sorted(workdir.glob("nccl.rank*.log")), self.spec.intent)
 
     # ---- results ----
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 TransportClass = Literal["p2p", "shm", "net_ib", "net_socket", "net_other", "nvls"]
@@ -441,3 +442,13 @@ def judge(report: TransportReport, intent: Intent) -> list[str]:
         if intra & {"net_ib", "net_socket", "net_other"}:
             reasons.append("net_where_pcie_expected")
     return reasons
+
+
+def judge_logs(logs: Iterable[Path], intent: Intent) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The transports NCCL wrote in these log files (NCCL_DEBUG_FILE, one per rank), and the ways
+    they contradict the intent; nothing either way when the files are empty or missing."""
+    text = "\n".join(path.read_text(errors="replace") for path in logs if path.exists())
+    if not text:
+        return (), ()
+    report = parse(text)
+    return tuple(sorted(report.transports)), tuple(judge(report, intent))

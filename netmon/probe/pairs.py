@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from netmon.probe.build import Placement
 from netmon.probe.launcher import AbortCheck, Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.verdict import LinkVerdict, Pair, judge_pairs
-from netmon.topology.model import Topology
 
-# A 2-rank all_reduce measures one link only with NVLS off and a ring (FIELD-NOTES, "Pairs").
+# A 2-rank all_reduce measures one link only with NVLS off and a ring (docs/FACTS.md, "Pairs").
 PAIR_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "Ring"}
 
 
@@ -27,41 +27,22 @@ class PairOutcome:
     outcome: ProbeOutcome
 
 
-def pair_spec(base: ProbeSpec, pair: Pair, host_template: str) -> ProbeSpec:
-    """The base probe narrowed to one pair: 2 ranks on GPUs (or rank slots) a and b."""
-    a, b = pair
-    env = dict(base.env)
-    if base.backend == "nccl":
-        for name, value in PAIR_NCCL_ENV.items():
-            env.setdefault(name, value)
-    return base.model_copy(
-        update={
-            "ranks": 2,
-            "devices": (str(a), str(b)),
-            "env": tuple(sorted(env.items())),
-            "host": host_template.format(gpu=a, rank=0),
-        }
+def pair_placement(pair: Pair, backend: str) -> Placement:
+    """A probe narrowed to one pair: 2 ranks on GPUs (or CPU rank slots) a and b."""
+    return Placement(
+        devices=(str(pair[0]), str(pair[1])),
+        ranks=2,
+        env=PAIR_NCCL_ENV if backend == "nccl" else {},
+        # Judged against its path class, not by transport: the pair's path is its label.
+        intent="any",
     )
 
 
-def numa_of_pair(topology: Topology | None, pair: Pair) -> dict[int, int]:
-    if topology is None:
-        return {}
-    found = {}
-    for rank, gpu in enumerate(pair):
-        numa = topology.gpu(gpu).numa if gpu in topology.indices else None
-        if numa is not None:
-            found[rank] = numa
-    return found
-
-
 def run_pair_rounds(
-    base: ProbeSpec,
+    spec_of: Callable[[Pair], ProbeSpec],
     rounds: Sequence[Sequence[Pair]],
     paths: Mapping[Pair, str],
     *,
-    topology: Topology | None = None,
-    host_template: str = "127.0.0.1",
     abort: AbortCheck | None = None,
     python: str | None = None,
     on_pair: Callable[[PairOutcome], None] | None = None,
@@ -69,20 +50,20 @@ def run_pair_rounds(
 ) -> list[PairOutcome]:
     """Run every round in order, the pairs of a round concurrently; stop early on abort.
 
-    `parallel` defaults to True for GPUs and False for CPU ranks: gloo ranks share the host's
-    cores, so concurrent pairs would measure each other rather than their links.
+    `spec_of` makes a pair's spec (probe.build with pair_placement). `parallel` defaults to True
+    for GPUs and False for CPU ranks: gloo ranks share the host's cores, so concurrent pairs
+    would measure each other rather than their links.
     """
-    concurrent = base.backend == "nccl" if parallel is None else parallel
     done: list[PairOutcome] = []
     for round_pairs in rounds:
         if abort is not None and abort() is not None:
             break
+        specs = {pair: spec_of(pair) for pair in round_pairs}
+        concurrent = parallel if parallel is not None else _on_gpus(specs.values())
         groups = [list(round_pairs)] if concurrent else [[pair] for pair in round_pairs]
         outcomes: dict[Pair, ProbeOutcome] = {}
         for group in groups:
-            outcomes.update(
-                _run_round(base, group, topology, host_template, abort, python or sys.executable)
-            )
+            outcomes.update(_run_round(specs, group, abort, python or sys.executable))
         for pair in round_pairs:
             result = PairOutcome(pair, paths.get(pair, "unknown"), outcomes[pair])
             done.append(result)
@@ -91,24 +72,20 @@ def run_pair_rounds(
     return done
 
 
+def _on_gpus(specs: Iterable[ProbeSpec]) -> bool:
+    return any(spec.backend == "nccl" for spec in specs)
+
+
 def _run_round(
-    base: ProbeSpec,
+    specs: Mapping[Pair, ProbeSpec],
     round_pairs: Sequence[Pair],
-    topology: Topology | None,
-    host_template: str,
     abort: AbortCheck | None,
     python: str,
 ) -> dict[Pair, ProbeOutcome]:
     outcomes: dict[Pair, ProbeOutcome] = {}
 
     def run(pair: Pair) -> None:
-        launcher = Launcher(
-            pair_spec(base, pair, host_template),
-            abort=abort,
-            numa_of=numa_of_pair(topology, pair),
-            python=python,
-        )
-        outcomes[pair] = launcher.run()
+        outcomes[pair] = Launcher(specs[pair], abort=abort, python=python).run()
 
     threads = [
         threading.Thread(target=run, args=(pair,), name=f"pair-{pair[0]}-{pair[1]}")

@@ -1,7 +1,8 @@
 """Path variants: the same probe under NCCL environments that force one path or algorithm.
 
 NCCL never routes GPU-to-GPU traffic over PCIe when the GPUs share NVLink, so the honest PCIe
-path is P2P disabled with SHM on: GPU -> PCIe -> host memory -> PCIe -> GPU (FIELD-NOTES).
+path is P2P disabled with SHM on: GPU -> PCIe -> host memory -> PCIe -> GPU
+(docs/FACTS.md, "PCIe path").
 NCCL reads these variables once per process, so every variant runs in rank processes of its own.
 """
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from netmon.bandwidth import DTypeName, OpName, RankStat, parse_duration, parse_size
+from netmon.bandwidth import (
+    DTypeName,
+    OpName,
+    RankStat,
+    algbw,
+    bus_factor,
+    busbw,
+    parse_duration,
+    parse_size,
+    rank_medians,
+    spread,
+)
 
 Backend = Literal["nccl", "gloo"]
 # batched: `batch` back-to-back ops then one sync (nccl-tests' default);
@@ -72,8 +84,9 @@ class ProbeSpec(_Frozen):
     check: bool = False
     timeout: float = Field(300.0, gt=0, description="seconds for the whole probe")
     deadlines: PhaseDeadlines = PhaseDeadlines()
-    # A per-rank command prefix; {rank}, {gpu} and {numa} are substituted (numactl, ip netns exec).
-    wrapper: tuple[str, ...] = ()
+    # The command prefix of each rank started here (numactl, ip netns exec), as (rank, argv):
+    # resolved from the configured rank wrapper by probe.build. A rank not listed has none.
+    wrappers: tuple[tuple[int, tuple[str, ...]], ...] = ()
     host: str = "127.0.0.1"
     # Ranks that report results (every rank holds the same reduced samples). Across nodes, one
     # rank per node reports, so every node has its own view of the round.
@@ -132,6 +145,9 @@ class ProbeSpec(_Frozen):
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
+    def wrapper_of(self, rank: int) -> tuple[str, ...]:
+        return dict(self.wrappers).get(rank, ())
+
 
 class SizeResult(_Frozen):
     """One size of a sweep. Times are per op, in seconds; per sample, the spec's rank_stat over
@@ -156,6 +172,40 @@ class SizeResult(_Frozen):
     path: str = "default"
     # Each rank's own median time, in rank order: one rank far above the rest is the slow one.
     rank_medians_s: tuple[float, ...] = ()
+
+    @classmethod
+    def of_samples(
+        cls,
+        spec: ProbeSpec,
+        size_bytes: int,
+        count: int,
+        samples: Sequence[float],
+        per_rank: Sequence[Sequence[float]],
+        check_ok: bool | None,
+    ) -> SizeResult:
+        """One size's result from its samples (per op, already combined over the ranks by the
+        spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them."""
+        stats = spread(samples)
+        return cls(
+            op=spec.op,
+            size_bytes=size_bytes,
+            count=count,
+            dtype=spec.dtype,
+            chunks=spec.chunks,
+            time_s=stats.median,
+            min_s=stats.min,
+            p10_s=stats.p10,
+            p90_s=stats.p90,
+            max_s=stats.max,
+            cv=stats.cv,
+            samples=stats.samples,
+            algbw_bytes_per_second=algbw(size_bytes, stats.median),
+            busbw_bytes_per_second=busbw(spec.op, spec.ranks, size_bytes, stats.median),
+            bus_factor=bus_factor(spec.op, spec.ranks),
+            check_ok=check_ok,
+            path=spec.path,
+            rank_medians_s=rank_medians(per_rank),
+        )
 
 
 class ProbeEnvironment(_Frozen):

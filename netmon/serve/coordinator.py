@@ -16,25 +16,27 @@ import collections
 import contextlib
 import json
 import logging
-import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.gpu import idle
+from netmon.exposition.snapshot import GroupView
 from netmon.group.auth import Sealer
 from netmon.group.link import GroupError, GroupLink, SealedLink
 from netmon.group.members import GroupConfig, World, lay_out, leader_of
 from netmon.logs import event
+from netmon.probe.build import Placement, build_spec
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
-from netmon.probe.verdict import judge_pairs
-from netmon.serve.results import GroupView, Results
-from netmon.serve.runner import DeviceLocks, ProbeRunner, device_keys, spec_for
-from netmon.topology.model import plan_pair_rounds
+from netmon.serve.current import CurrentConfig
+from netmon.serve.node_pairs import NodePairs
+from netmon.serve.readiness import Readiness, device_keys
+from netmon.serve.results import Results
+from netmon.topology.model import Topology
 
 log = logging.getLogger(__name__)
 
@@ -55,32 +57,31 @@ _PAIR_KEYS = (("pair", "/port"), ("result/", ""))
 class Coordinator:
     def __init__(
         self,
-        config: NetmonConfig,
+        current: CurrentConfig,
         group: GroupConfig,
         me: str,
         link: GroupLink,
         sealer: Sealer,
-        runner: ProbeRunner,
+        readiness: Readiness,
         results: Results,
-        locks: DeviceLocks,
-        stopping: threading.Event,
+        topology: Topology | None = None,
     ) -> None:
-        self.config = config
+        self.current = current
         self.group = group
         self.me = me
         self.link = SealedLink(link, sealer, self.rejected)
-        self.runner = runner
+        self.readiness = readiness
         self.results = results
-        self.locks = locks
-        self.stopping = stopping
-        self.probes = {p.name: p for p in config.probes or () if p.scope != "local"}
+        self.topology = topology
+        self.stopping = readiness.stopping
         self.seen: set[str] = {me}
         self.leader: str | None = me
-        self._next_due = {name: time.monotonic() + 2.0 for name in self.probes}
+        self._next_due: dict[str, float] = {}
         self._last_epoch: dict[str, int] = {}
         self._epoch = 0
         self._round_keys: collections.deque[list[str]] = collections.deque()
         self._rejects_logged: dict[str, float] = {}
+        self.node_pairs = NodePairs(self)
         # Membership is checked on its own thread, so a round in progress never delays noticing
         # that a member left (and a round with an absent member is stopped).
         self._threads = [
@@ -92,11 +93,9 @@ class Coordinator:
             ),
         ]
 
-    def reconfigure(self, config: NetmonConfig) -> None:
-        self.config = config
-        self.probes = {p.name: p for p in config.probes or () if p.scope != "local"}
-        for name in self.probes:
-            self._next_due.setdefault(name, time.monotonic() + 2.0)
+    def probes(self) -> dict[str, ProbeConfig]:
+        """The group's probes in the running configuration (a reload takes effect here)."""
+        return {p.name: p for p in self.current.probes() if p.scope != "local"}
 
     def start(self) -> None:
         self._refresh_members()
@@ -121,8 +120,9 @@ class Coordinator:
 
     def _rounds(self) -> None:
         if self.leader == self.me:
-            for name, probe in self.probes.items():
-                if time.monotonic() >= self._next_due[name] and not self.stopping.is_set():
+            for name, probe in self.probes().items():
+                due = self._next_due.setdefault(name, time.monotonic() + 2.0)
+                if time.monotonic() >= due and not self.stopping.is_set():
                     self._next_due[name] = time.monotonic() + probe.interval
                     self._lead(probe)
         elif self.leader is not None:
@@ -180,45 +180,40 @@ class Coordinator:
 
     # ---- what each member can give ----
 
-    def _local_ranks(self, probe: ProbeConfig) -> int:
-        if probe.scope in ("group_one_gpu", "node_pairs"):
-            return 1
-        spec = spec_for(probe, self.config)
-        return spec.ranks
-
-    def _readiness(self, probe: ProbeConfig, got_lock: bool) -> dict[str, Any]:
-        if not got_lock:
-            return {"idle": False, "reason": "devices_busy"}
-        if self.runner.paused():
-            return {"idle": False, "reason": "paused"}
-        spec = spec_for(probe, self.config)
-        devices = spec.devices[: self._local_ranks(probe)]
-        decision = idle.check(self.runner.idle_source, devices, {os.getpid()}, self.config.idle)
-        if not decision.idle:
-            return {"idle": False, "reason": decision.reason or "gpu_unknown"}
-        return {
-            "idle": True,
-            "ranks": self._local_ranks(probe),
-            "devices": list(devices),
-            # Where this member's rank 0 would listen: the address its store is bound to, which
-            # its member name may not resolve to elsewhere.
-            "address": self.link.link.host,
-        }
+    @contextlib.contextmanager
+    def offer(self, probe: ProbeConfig) -> Iterator[dict[str, Any]]:
+        """What this member can give a round now (the readiness decision), holding its devices
+        while the round runs: its ranks and GPUs (one for group_one_gpu and node_pairs)."""
+        spec = build_spec(probe, self.current.get(), topology=self.topology)
+        local = 1 if probe.scope in ("group_one_gpu", "node_pairs") else spec.ranks
+        devices = list(spec.devices[:local])
+        timeout = self.group.ready_timeout / 2
+        with self.readiness.claim(device_keys(spec), devices, timeout) as decision:
+            if not decision.ready:
+                yield {"idle": False, "reason": decision.reason}
+                return
+            yield {
+                "idle": True,
+                "ranks": local,
+                "devices": devices,
+                # Where this member's rank 0 would listen: the address its store is bound to,
+                # which its member name may not resolve to elsewhere.
+                "address": self.link.address,
+            }
 
     # ---- leading ----
 
     def _lead(self, probe: ProbeConfig) -> None:
         absent = [m for m in self.group.members if m not in self.seen]
         if absent:
-            self._skip(probe, "member_absent", f"no answer from {', '.join(absent)}")
+            self.skip(probe, "member_absent", f"no answer from {', '.join(absent)}")
             return
         if probe.scope == "node_pairs":
-            self._lead_pairs(probe)
+            self.node_pairs.lead(probe)
             return
-        epoch, prefix = self._open_round({"probe": probe.name})
-        spec = spec_for(probe, self.config)
-        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            ready = self._gather_ready(probe, prefix, epoch, self.group.members, got)
+        epoch, prefix = self.open_round({"probe": probe.name})
+        with self.offer(probe) as offer:
+            ready = self.gather_ready(probe, prefix, epoch, self.group.members, offer)
             if ready is None:
                 return
             world = lay_out(
@@ -235,11 +230,11 @@ class Coordinator:
                 if kind == "store":
                     self.link.put(self.me, prefix + "port", {"port": int(fields["port"])})
 
-            outcome = self._run(probe, world, devices, on_event=publish, port_source=None)
+            outcome = self.run_ranks(probe, world, devices, on_event=publish, port_source=None)
             # The member that hosts rank 0 (the leader) exports the round: once per group.
             self._record(probe, outcome, export=True, epoch=epoch)
 
-    def _open_round(self, plan: dict[str, Any]) -> tuple[int, str]:
+    def open_round(self, plan: dict[str, Any]) -> tuple[int, str]:
         """A new epoch with its plan, announced in `netmon/current`."""
         # Milliseconds since the epoch, so a restarted leader's rounds still come after the ones
         # its followers saw before the restart.
@@ -261,152 +256,19 @@ class Coordinator:
                 with contextlib.suppress(GroupError):
                     self.link.delete(self.me, key)
 
-    # ---- node pairs ----
-
-    def _lead_pairs(self, probe: ProbeConfig) -> None:
-        """Every pair of members, in rounds of disjoint pairs; then the same-class verdict."""
-        members = sorted(self.group.members)
-        busbw: dict[tuple[int, int], float] = {}
-        for round_pairs in plan_pair_rounds(len(members)):
-            if self.stopping.is_set():
-                return
-            pairs = [(members[a], members[b]) for a, b in round_pairs]
-            measured = self._lead_pair_round(probe, pairs)
-            if measured is None:
-                return  # skipped: counted and logged; the sweep starts over next interval
-            for (a, b), value in measured.items():
-                if value is not None:
-                    busbw[(members.index(a), members.index(b))] = value
-        verdict = judge_pairs(busbw, dict.fromkeys(busbw, "NET"), probe.suspect_ratio)
-        suspects = tuple(members[i] for i in verdict.suspect_members)
-        pair_suspects = tuple((members[a], members[b]) for a, b in verdict.suspect_pairs)
-        self.results.set_peer_verdict(probe.name, tuple(members), suspects, pair_suspects)
-        event(
-            log,
-            "node pairs judged",
-            level=logging.WARNING if suspects or pair_suspects else logging.INFO,
-            group=self.group.name,
-            probe=probe.name,
-            pairs=len(busbw),
-            verdict=verdict.describe(),
-        )
-
-    def _lead_pair_round(
-        self, probe: ProbeConfig, pairs: list[tuple[str, str]]
-    ) -> dict[tuple[str, str], float | None] | None:
-        epoch, prefix = self._open_round({"probe": probe.name, "pairs": [list(p) for p in pairs]})
-        participants = [m for pair in pairs for m in pair]
-        spec = spec_for(probe, self.config)
-        mine: float | None = None
-        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            ready = self._gather_ready(probe, prefix, epoch, participants, got)
-            if ready is None:
-                return None
-            addresses = {m: str(r.get("address") or "") for m, r in ready.items()}
-            worlds = [
-                lay_out(pair, {m: int(ready[m]["ranks"]) for m in pair}, addresses)
-                for pair in pairs
-            ]
-            devices_of = {m: [str(d) for d in r.get("devices", [])] for m, r in ready.items()}
-            go = {"pairs": [json.loads(w.to_json()) for w in worlds], "devices": devices_of}
-            self.link.put(self.me, prefix + "go", go)
-            for index, world in enumerate(worlds):
-                if self.me in world.members:
-                    mine = self._run_pair(probe, index, world, devices_of, prefix, self.me)
-        measured: dict[tuple[str, str], float | None] = {}
-        for index, world in enumerate(worlds):
-            low = world.members[0]
-            pair = (world.members[0], world.members[1])
-            if low == self.me:
-                measured[pair] = mine
-                continue
-            try:
-                report = self.link.take(
-                    self.me,
-                    prefix + f"result/{index}",
-                    probe.timeout + self.group.ready_timeout,
-                    sender=low,
-                )
-                busbw = report.get("busbw")
-                measured[pair] = float(busbw) if isinstance(busbw, (int, float)) else None
-            except GroupError:
-                measured[pair] = None
-        return measured
-
-    def _follow_pairs(
-        self, leader: str, prefix: str, probe: ProbeConfig, plan: dict[str, Any], epoch: int
-    ) -> None:
-        pairs = [tuple(pair) for pair in plan.get("pairs", [])]
-        if not any(self.me in pair for pair in pairs):
-            return  # sits this round out (an odd member count leaves one member a bye)
-        spec = spec_for(probe, self.config)
-        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            go = self._answer_plan(leader, prefix, probe, got)
-            if go is None:
-                return
-            if "skip" in go:
-                self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
-                return
-            for index, raw in enumerate(go["pairs"]):
-                world = World.from_json(json.dumps(raw))
-                if self.me in world.members:
-                    self._run_pair(probe, index, world, go.get("devices", {}), prefix, leader)
-
-    def _run_pair(
+    def gather_ready(
         self,
         probe: ProbeConfig,
-        index: int,
-        world: World,
-        devices_of: dict[str, list[str]],
         prefix: str,
-        leader: str,
-    ) -> float | None:
-        """This member's side of one node pair; the pair's rank-0 member reports and exports."""
-        port_key = prefix + f"pair{index}/port"
-        host_of_rank0 = world.members[0] == self.me
-        devices = [str(d) for m in world.members for d in devices_of.get(m, [])]
-
-        def publish(kind: str, fields: dict[str, Any]) -> None:
-            if kind == "store":
-                self.link.put(leader, port_key, {"port": int(fields["port"])})
-
-        outcome = self._run(
-            probe,
-            world,
-            devices,
-            on_event=publish if host_of_rank0 else None,
-            port_source=(
-                None if host_of_rank0 else self._port_source(leader, port_key, world.members[0])
-            ),
-        )
-        peer = world.members[1] if host_of_rank0 else world.members[0]
-        self.results.finished(probe, outcome, "node_pair", export=False)
-        largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
-        value = largest.busbw_bytes_per_second if largest and outcome.ok else None
-        if host_of_rank0:
-            self.results.peer_measured(probe.name, peer, outcome)
-            with contextlib.suppress(GroupError):
-                self.link.put(leader, prefix + f"result/{index}", {"busbw": value})
-        event(
-            log,
-            "node pair measured",
-            level=logging.INFO if outcome.ok else logging.WARNING,
-            group=self.group.name,
-            probe=probe.name,
-            peer=peer,
-            outcome="ok" if outcome.ok else "failed",
-            busbw_gbps=round(value / 1e9, 4) if value else None,
-        )
-        return value
-
-    def _gather_ready(
-        self, probe: ProbeConfig, prefix: str, epoch: int, members: Sequence[str], got_lock: bool
+        epoch: int,
+        members: Sequence[str],
+        offer: dict[str, Any],
     ) -> dict[str, dict[str, Any]] | None:
         """Every member's readiness within ready_timeout; None (skip written) if any is missing
         or cannot take part."""
         ready: dict[str, dict[str, Any]] = {}
         if self.me in members:
-            ready[self.me] = self._readiness(probe, got_lock)
+            ready[self.me] = offer
         missing = []
         deadline = time.monotonic() + self.group.ready_timeout
         for member in members:
@@ -431,9 +293,9 @@ class Coordinator:
     def _cancel(self, prefix: str, probe: ProbeConfig, reason: str, detail: str) -> None:
         with contextlib.suppress(GroupError):
             self.link.put(self.me, prefix + "go", {"skip": reason})
-        self._skip(probe, reason, detail)
+        self.skip(probe, reason, detail)
 
-    def _skip(self, probe: ProbeConfig, reason: str, detail: str) -> None:
+    def skip(self, probe: ProbeConfig, reason: str, detail: str) -> None:
         self.results.skip(probe.name, reason)
         event(
             log,
@@ -466,29 +328,45 @@ class Coordinator:
             plan = self.link.take(leader, prefix + "plan", 1.0, leader)
         except GroupError:
             return
-        probe = self.probes.get(str(plan.get("probe")))
+        probe = self.probes().get(str(plan.get("probe")))
         if probe is None or self._too_late(leader, prefix, epoch):
             return
         if "pairs" in plan:
-            self._follow_pairs(leader, prefix, probe, plan, epoch)
+            self.node_pairs.follow(leader, prefix, probe, plan, epoch)
             return
-        spec = spec_for(probe, self.config)
-        with self.locks.hold(device_keys(spec), timeout=self.group.ready_timeout / 2) as got:
-            go = self._answer_plan(leader, prefix, probe, got)
+        with self.joined(leader, prefix, probe, epoch) as go:
             if go is None:
                 return
-            if "skip" in go:
-                self._skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
-                return
             world = World.from_json(json.dumps(go))
-            outcome = self._run(
+            outcome = self.run_ranks(
                 probe,
                 world,
                 [str(d) for d in go.get("devices", [])],
                 on_event=None,
-                port_source=self._port_source(leader, prefix + "port"),
+                port_source=self.port_source(leader, prefix + "port"),
             )
             self._record(probe, outcome, export=False, epoch=epoch)
+
+    @contextlib.contextmanager
+    def joined(
+        self, leader: str, prefix: str, probe: ProbeConfig, epoch: int
+    ) -> Iterator[dict[str, Any] | None]:
+        """A follower's side of a round: offer what this member can give, then the leader's go,
+        the devices held until the round is over; None (the skip counted) when the leader
+        skipped the round or stopped answering."""
+        with self.offer(probe) as offer:
+            try:
+                self.link.put(leader, prefix + f"ready/{self.me}", offer)
+                go = self.link.take(leader, prefix + "go", self.group.ready_timeout + 2.0, leader)
+            except GroupError as exc:
+                self.skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
+                yield None
+                return
+            if "skip" in go:
+                self.skip(probe, str(go["skip"]), f"the leader {leader} skipped round {epoch}")
+                yield None
+                return
+            yield go
 
     def _too_late(self, leader: str, prefix: str, epoch: int) -> bool:
         """The leader decided this round without us (a member that just started or rejoined):
@@ -503,19 +381,7 @@ class Coordinator:
             )
         return decided
 
-    def _answer_plan(
-        self, leader: str, prefix: str, probe: ProbeConfig, got_lock: bool
-    ) -> dict[str, Any] | None:
-        """Tell the leader what this member can give; its go (or skip), or None when it never
-        came (the skip is counted here)."""
-        try:
-            self.link.put(leader, prefix + f"ready/{self.me}", self._readiness(probe, got_lock))
-            return self.link.take(leader, prefix + "go", self.group.ready_timeout + 2.0, leader)
-        except GroupError as exc:
-            self._skip(probe, "member_absent", f"leader {leader} stopped answering: {exc}")
-            return None
-
-    def _port_source(
+    def port_source(
         self, leader: str, key: str, sender: str | None = None
     ) -> Callable[[], int | None]:
         next_try = [0.0]
@@ -535,25 +401,27 @@ class Coordinator:
 
     # ---- running this member's ranks ----
 
-    def _group_spec(self, probe: ProbeConfig, world: World, devices: list[str]) -> ProbeSpec:
-        base = spec_for(probe, self.config)
-        env = dict(base.env)
+    def _group_spec(
+        self, probe: ProbeConfig, config: NetmonConfig, world: World, devices: list[str]
+    ) -> ProbeSpec:
+        env = {}
         if self.group.interface:
-            env.setdefault("GLOO_SOCKET_IFNAME", self.group.interface)
-            env.setdefault("NCCL_SOCKET_IFNAME", self.group.interface)
-        nccl = base.backend == "nccl"
-        return base.model_copy(
-            update={
-                "ranks": world.size,
-                "devices": tuple(devices) if nccl and len(devices) == world.size else (),
-                "host": world.host,
-                "reporters": world.reporters,
-                "env": tuple(sorted(env.items())),
-                "path": "group",
-            }
+            env = {"GLOO_SOCKET_IFNAME": self.group.interface}
+            env["NCCL_SOCKET_IFNAME"] = self.group.interface
+        nccl = (config.backend or "gloo") == "nccl"
+        placement = Placement(
+            devices=tuple(devices) if nccl and len(devices) == world.size else (),
+            ranks=world.size,
+            host=world.host,
+            reporters=world.reporters,
+            local_ranks=world.ranks_of[self.me],
+            env=env,
+            label="group",
+            intent="any",
         )
+        return build_spec(probe, config, placement=placement, topology=self.topology)
 
-    def _run(
+    def run_ranks(
         self,
         probe: ProbeConfig,
         world: World,
@@ -561,9 +429,12 @@ class Coordinator:
         on_event: Callable[[str, dict[str, Any]], None] | None,
         port_source: Callable[[], int | None] | None,
     ) -> ProbeOutcome:
-        spec = self._group_spec(probe, world, devices)
+        config = self.current.get()
+        spec = self._group_spec(probe, config, world, devices)
         self.results.started(probe.name)
-        local_abort = self.runner._abort_check(spec.devices)
+        local = world.ranks_of[self.me]
+        mine = [spec.devices[rank] for rank in local] if spec.devices else []
+        local_abort = self.readiness.abort_check(mine)
 
         def abort() -> str | None:
             # A member that left mid-round: stop now rather than wait for a deadline.
@@ -575,9 +446,9 @@ class Coordinator:
             spec,
             abort=abort,
             on_event=on_event,
-            local_ranks=world.ranks_of[self.me],
+            local_ranks=local,
             port_source=port_source,
-            python=self.config.rank_python or _python(),
+            python=config.rank_python or sys.executable,
         )
         return launcher.run()
 
@@ -601,9 +472,3 @@ class Coordinator:
         if largest is not None:
             fields["busbw_gbps"] = round(largest.busbw_bytes_per_second / 1e9, 4)
         event(log, "group round ok", outcome="ok", **fields)
-
-
-def _python() -> str:
-    import sys
-
-    return sys.executable

@@ -25,17 +25,22 @@ from apscheduler.triggers.interval import IntervalTrigger
 from netmon import baseline
 from netmon.config import NetmonConfig
 from netmon.errors import UsageError
-from netmon.exposition.collector import MetricsServer, SnapshotPage
+from netmon.exposition.collector import SnapshotPage
+from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
 from netmon.gpu import idle
 from netmon.group.auth import Sealer, group_secret
 from netmon.group.link import GroupError, GroupLink
 from netmon.group.members import bind_address, identify_self, member_port
 from netmon.logs import event
+from netmon.probe.build import SpecError, build_spec
 from netmon.serve.coordinator import Coordinator
+from netmon.serve.current import CurrentConfig
+from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
-from netmon.serve.runner import STATE_FILE, DeviceLocks, ProbeRunner
-from netmon.topology.model import Topology, parse_topo_matrix
+from netmon.serve.runner import STATE_FILE, ProbeRunner
+from netmon.topology.model import Topology
+from netmon.topology.parse import parse_topo_matrix
 
 log = logging.getLogger("netmon.serve.daemon")
 
@@ -111,6 +116,16 @@ def _topology(config: NetmonConfig) -> Topology | None:
         return None
 
 
+def _check_specs(config: NetmonConfig, topology: Topology | None) -> None:
+    """Every local probe must make a runnable spec on this node ({numa} needs a NUMA node for
+    every GPU): said once at start or reload, not as a failure at every run."""
+    for probe in config.probes or ():
+        try:
+            build_spec(probe, config, topology=topology)
+        except SpecError as exc:
+            raise UsageError(f"{exc} (probe {probe.name})") from None
+
+
 class _FailingSource:
     def __init__(self, message: str) -> None:
         self.message = message
@@ -127,7 +142,7 @@ class Daemon:
         web: WebSecurity | None = None,
         loader: Callable[[], NetmonConfig] | None = None,
     ) -> None:
-        self.config = config
+        self.current = CurrentConfig(config)
         self.loader = loader  # how SIGHUP reads the configuration again
         self.reload_requested = threading.Event()
         self.stopping = threading.Event()
@@ -137,18 +152,21 @@ class Daemon:
             book, warning = baseline.load(state_path, config.baseline)
             if warning:
                 log.warning("%s", warning)
-        self.results = Results(config, book, state_path)
-        self.runner = ProbeRunner(
-            config,
-            self.results,
+        self.topology = _topology(config)
+        _check_specs(config, self.topology)
+        self.results = Results(self.current, book, state_path)
+        source = idle_source or _idle_source(config)
+        self.readiness = Readiness(
+            self.current,
             DeviceLocks(),
-            _kubelet_guard(idle_source or _idle_source(config), lambda: self.config.idle),
+            _kubelet_guard(source, lambda: self.current.get().idle),
             self.stopping,
         )
-        self.runner.topology = _topology(config)
-        if self.runner.topology is not None:
+        self.runner = ProbeRunner(self.current, self.results, self.readiness)
+        self.runner.topology = self.topology
+        if self.topology is not None:
             self.results.set_topology(
-                [(a, b, str(path)) for (a, b), path in self.runner.topology.pairs().items()]
+                [(a, b, str(path)) for (a, b), path in self.topology.pairs().items()]
             )
         if config.backend == "nccl":
             from netmon.gpu.nvml import read_link_health
@@ -166,6 +184,10 @@ class Daemon:
             )
         except OSError as exc:
             raise UsageError(f"listen: cannot listen on {config.listen}: {exc.strerror}") from None
+
+    @property
+    def config(self) -> NetmonConfig:
+        return self.current.get()
 
     def _scheduler(self) -> BackgroundScheduler:
         probes = self.config.probes or ()
@@ -208,17 +230,14 @@ class Daemon:
             changed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.config, f)]
             if changed:
                 raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
+            _check_specs(new, self.topology)
         except UsageError as exc:
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
             return False
-        self.config = new
-        self.runner.reconfigure(new)
-        self.results.reconfigure(new)
+        self.current.publish(new)  # the runner, results and coordinator read it from here
         self.scheduler.remove_all_jobs()
         self._add_jobs(self.scheduler, new)
-        if self.coordinator is not None:
-            self.coordinator.reconfigure(new)
         self.results.reloaded(True)
         event(log, "configuration reloaded", probes=", ".join(p.name for p in new.probes or ()))
         return True
@@ -244,15 +263,14 @@ class Daemon:
         except GroupError as exc:
             raise UsageError(f"group.self: {exc}") from None
         self.coordinator = Coordinator(
-            self.config,
+            self.current,
             group,
             me,
             self.link,
             sealer,
-            self.runner,
+            self.readiness,
             self.results,
-            self.runner.locks,
-            self.stopping,
+            self.topology,
         )
         self.coordinator.start()
 
@@ -280,14 +298,17 @@ class Daemon:
     def stop(self) -> None:
         """Cancel probes, wait for them to end, save state; bounded by SHUTDOWN_GRACE_S."""
         self.stopping.set()
-        self.scheduler.shutdown(wait=False)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        executor = self.scheduler._executors.get("default")
-        pool = getattr(executor, "_pool", None)
-        if pool is not None:
-            waiter = threading.Thread(target=pool.shutdown, kwargs={"wait": True}, daemon=True)
-            waiter.start()
-            waiter.join(max(0.0, deadline - time.monotonic()))
+        # shutdown(wait=True) waits for running probes (their launchers see `stopping` and kill
+        # their ranks) but has no timeout of its own: wait for it on a thread, bounded.
+        waiter = threading.Thread(
+            target=self._stop_scheduler,
+            kwargs={"wait": True},
+            name="scheduler-stop",
+            daemon=True,
+        )
+        waiter.start()
+        waiter.join(max(0.0, deadline - time.monotonic()))
         if self.coordinator is not None:
             self.coordinator.join(max(0.0, deadline - time.monotonic()))
         if self.link is not None:
@@ -295,6 +316,10 @@ class Daemon:
         self.server.shutdown()
         self.server.server_close()
         log.info("netmon stopped")
+
+    def _stop_scheduler(self) -> None:
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
 
     def serve_forever(self) -> int:
         def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -1,0 +1,465 @@
+"""`netmon probe`: flags in, probe configurations and their specs (through probe.build, as the
+daemon makes its own), nccl-tests-style tables, JSON, plots and a health gate out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from netmon import bandwidth
+from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report
+from netmon.config import NetmonConfig, ProbeConfig
+from netmon.errors import UsageError, describe_validation_error
+from netmon.probe.build import SpecError, build_spec
+from netmon.probe.launcher import run_probe
+from netmon.probe.pairs import PairOutcome, pair_placement
+from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.topology.model import Topology
+
+DEFAULT_SIZES = {"gloo": "8,64K,1M,16M", "nccl": "8,64K,1M,16M,256M,1G"}
+
+# Configuration field -> the flag a user typed, for one-line errors that name the fix.
+_FLAG_OF_FIELD = {
+    "op": "--op",
+    "sizes": "--sizes",
+    "dtype": "--dtype",
+    "warmup": "--warmup",
+    "iters": "--iters",
+    "batch": "--batch",
+    "chunks": "--chunks",
+    "backend": "--backend",
+    "ranks": "--ranks",
+    "devices": "--devices",
+    "env": "--env",
+    "timeout": "--timeout",
+    "paths": "--paths",
+    "rank_wrapper": "--wrapper",
+    "rendezvous_host": "--host",
+    "(top level)": "flags",
+}
+
+
+def add_parser(commands: Any) -> None:
+    probe = commands.add_parser(
+        "probe",
+        help="run collectives once and print nccl-tests-style results",
+        description="Run a collective sweep in fresh rank processes, like nccl-tests.",
+    )
+    probe.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        help="default: nccl where CUDA GPUs exist, else gloo with 2 CPU ranks",
+    )
+    probe.add_argument("--ranks", type=int, help="number of ranks (default: all GPUs, or 2 on CPU)")
+    probe.add_argument("--devices", help="GPUs per rank, by index or UUID: 0,1,2,3")
+    probe.add_argument(
+        "--op",
+        default="all_reduce",
+        help=f"one or more of {','.join(bandwidth.OPS)}, comma separated",
+    )
+    probe.add_argument("--sizes", help="sizes with binary suffixes: 8,64K,16M (64K = 65536 B)")
+    probe.add_argument("-b", "--minbytes", help="sweep start, as nccl-tests -b")
+    probe.add_argument("-e", "--maxbytes", help="sweep end, as nccl-tests -e")
+    probe.add_argument("-f", "--stepfactor", type=int, default=2, help="sweep factor (default 2)")
+    probe.add_argument("-n", "--iters", type=int, default=20, help="timed samples per size")
+    probe.add_argument("-w", "--warmup", type=int, default=5, help="warm-up ops per size")
+    probe.add_argument(
+        "--batch",
+        type=int,
+        default=5,
+        help="back-to-back ops per sample in batched timing (default 5)",
+    )
+    probe.add_argument(
+        "-z",
+        "--per-op",
+        action="store_true",
+        help="synchronise after every op (nccl-tests -z, latency view)",
+    )
+    probe.add_argument(
+        "--rank-stat",
+        choices=bandwidth.RANK_STATS,
+        default="max",
+        help="a sample's time across ranks: max, the slowest rank (default), or mean, as "
+        "nccl-tests -a 1, or min",
+    )
+    probe.add_argument(
+        "--chunks",
+        "--repeat",
+        default="1",
+        help="carry each size as k ops of S/k; a list (1,8,64) compares them",
+    )
+    probe.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    probe.add_argument("--timeout", default="300s", help="deadline for each probe (300s, 5m)")
+    probe.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the ranks (NCCL_ALGO=Ring); repeatable",
+    )
+    probe.add_argument(
+        "--paths",
+        default="default",
+        help="path variants, each in fresh ranks: default, pcie (NCCL_P2P_DISABLE=1, the "
+        "host-memory path), ring, tree, nvls; a list compares them (default,pcie)",
+    )
+    probe.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw busbw against size for every op, path and chunking (needs matplotlib: "
+        "pip install 'netmon[plot]')",
+    )
+    probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
+    probe.add_argument(
+        "--min-busbw",
+        metavar="RATE",
+        help="health gate: exit 1 if busbw at the largest size is under RATE "
+        "(decimal: 1.5G = 1.5e9 B/s)",
+    )
+    probe.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    probe.add_argument(
+        "--textfile",
+        type=Path,
+        metavar="PATH",
+        help="also write the results in Prometheus text format, atomically, for "
+        "node_exporter's textfile collector (PATH ending in .prom)",
+    )
+    probe.add_argument(
+        "--name", default="cli", help="the probe label in --textfile output (default cli)"
+    )
+    probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    probe.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="rendezvous address rank 0 binds; {gpu} is replaced by rank 0's GPU (pair probes)",
+    )
+    probe.add_argument(
+        "--wrapper",
+        metavar="CMD",
+        help="per-rank command prefix; {rank}, {gpu}, {numa} are replaced "
+        "(numactl --cpunodebind={numa}, ip netns exec ns{gpu})",
+    )
+    probe.add_argument(
+        "--pairs",
+        action="store_true",
+        help="pairwise link probes: every GPU pair as a 2-rank world, in rounds of disjoint "
+        "pairs; names a suspect pair or GPU (exit 1 when there is one)",
+    )
+    probe.add_argument(
+        "--topology",
+        type=Path,
+        metavar="FILE",
+        help="`nvidia-smi topo -m` output for the pair plan and path classes "
+        "(default: NVML; with gloo, --ranks members of one class)",
+    )
+    probe.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="pair probes: run the whole plan N times and judge each pair's best (default 1)",
+    )
+    probe.add_argument(
+        "--suspect-ratio",
+        type=float,
+        default=0.7,
+        help="a pair is low under this fraction of its path-class median (default 0.7)",
+    )
+    probe.set_defaults(handler=run)
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env: {pair!r} is not KEY=VALUE (example: --env NCCL_ALGO=Ring)")
+        env[name] = value
+    return env
+
+
+def _sizes(args: argparse.Namespace, backend: str) -> list[int] | str:
+    if args.sizes and (args.minbytes or args.maxbytes):
+        raise UsageError("--sizes: give either --sizes or -b/-e, not both")
+    if args.minbytes or args.maxbytes:
+        try:
+            low = bandwidth.parse_size(args.minbytes or "8")
+            high = bandwidth.parse_size(args.maxbytes or args.minbytes)
+            return bandwidth.size_sweep(low, high, args.stepfactor)
+        except ValueError as exc:
+            raise UsageError(f"-b/-e/-f: {exc}") from None
+    return str(args.sizes or DEFAULT_SIZES[backend])
+
+
+def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...]]:
+    from netmon.gpu.nvml import gpu_count
+
+    if args.ranks is not None and args.ranks < 1:
+        raise UsageError(f"--ranks: must be >= 1 (got {args.ranks})")
+    devices = tuple(d.strip() for d in args.devices.split(",")) if args.devices else ()
+    backend = args.backend
+    if backend is None:
+        gpus = gpu_count()
+        backend = "nccl" if gpus else "gloo"
+        ranks = args.ranks or len(devices) or gpus or 2
+        # Said once the flags are known to be valid, so a usage error stays one line.
+        args.announce = (
+            f"netmon: no --backend given; using {backend} with {ranks} "
+            f"{'GPU' if gpus else 'CPU'} ranks"
+        )
+    if backend == "nccl" and not devices:
+        count = args.ranks or gpu_count()
+        devices = tuple(str(i) for i in range(count))
+    ranks = args.ranks or len(devices) or 2
+    return backend, ranks, devices
+
+
+def _wrapper(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise UsageError(f"--wrapper: {exc} in {text!r}; quote as in a shell") from None
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the flags ask for, as the daemon's configuration would say it: the node's settings
+    and one probe per (op, chunking), each with its path variants."""
+
+    node: NetmonConfig
+    probes: tuple[ProbeConfig, ...]
+    topology: Topology | None
+
+    def specs(self) -> list[ProbeSpec]:
+        return [
+            _built(probe, self.node, path=path, topology=self.topology)
+            for probe in self.probes
+            for path in probe.paths
+        ]
+
+
+def _built(probe: ProbeConfig, node: NetmonConfig, **placed: Any) -> ProbeSpec:
+    """A spec from probe.build, its errors said with the flag that caused them."""
+    try:
+        spec = build_spec(probe, node, **placed)
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, _FLAG_OF_FIELD)) from None
+    except SpecError as exc:
+        message = str(exc)
+        for field, flag in _FLAG_OF_FIELD.items():
+            if message.startswith(f"{field}:"):
+                message = flag + message[len(field) :]
+        raise UsageError(message) from None
+    return spec
+
+
+def _request(args: argparse.Namespace) -> Request:
+    backend, ranks, devices = _resolve_backend(args)
+    ops = [op.strip() for op in args.op.split(",") if op.strip()]
+    unknown = [op for op in ops if op not in bandwidth.OPS]
+    if unknown or not ops:
+        raise UsageError(
+            f"--op: {','.join(map(repr, unknown)) or 'nothing'} is not an op; "
+            f"use one of {','.join(bandwidth.OPS)}"
+        )
+    try:
+        chunk_list = [int(c) for c in str(args.chunks).split(",")]
+    except ValueError as exc:
+        raise UsageError(f"--chunks: {exc}") from None
+    wrapper = _wrapper(args.wrapper)
+    common: dict[str, Any] = dict(
+        name="probe",
+        sizes=_sizes(args, backend),
+        dtype=args.dtype,
+        warmup=args.warmup,
+        iters=args.iters,
+        batch=args.batch,
+        timing="per_op" if args.per_op else "batched",
+        rank_stat=args.rank_stat,
+        ranks=ranks,
+        env=_parse_env(args.env),
+        check=args.check,
+        timeout=args.timeout,
+        paths=args.paths,
+    )
+    try:
+        node = NetmonConfig(
+            backend=backend,  # type: ignore[arg-type]
+            devices=devices or None,
+            rank_wrapper=wrapper,
+            rendezvous_host=args.host,
+        )
+        probes = tuple(
+            ProbeConfig(op=op, chunks=chunks, **common) for op in ops for chunks in chunk_list
+        )
+    except ValidationError as exc:
+        raise UsageError(describe_validation_error(exc, _FLAG_OF_FIELD)) from None
+    needs_topology = args.pairs or backend == "nccl" or any("{numa}" in p for p in wrapper)
+    topology = _topology(args, backend, ranks) if needs_topology else None
+    return Request(node, probes, topology)
+
+
+def _progress(quiet: bool, total: int) -> Any:
+    done = [0]
+
+    def on_event(kind: str, event: dict[str, Any]) -> None:
+        if kind != "result" or quiet:
+            return
+        done[0] += 1
+        result = event["result"]
+        print(
+            f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
+            f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return on_event
+
+
+def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
+    """Messages for every probe whose largest size fell under the threshold."""
+    failures = []
+    for outcome in outcomes:
+        if not outcome.results:
+            continue
+        largest = max(outcome.results, key=lambda r: r.size_bytes)
+        if largest.busbw_bytes_per_second < min_busbw:
+            failures.append(
+                f"{largest.op} busbw {largest.busbw_bytes_per_second / 1e9:.3f} GB/s at "
+                f"{bandwidth.format_size(largest.size_bytes)} is under --min-busbw "
+                f"{min_busbw / 1e9:.3f} GB/s"
+            )
+    return failures
+
+
+def run(args: argparse.Namespace) -> int:
+    min_busbw = None
+    if args.min_busbw is not None:
+        try:
+            min_busbw = bandwidth.parse_rate(args.min_busbw)
+        except ValueError as exc:
+            raise UsageError(f"--min-busbw: {exc}") from None
+    request = _request(args)
+    specs = request.specs()
+    if getattr(args, "announce", None):
+        print(args.announce, file=sys.stderr)
+    if args.pairs:
+        return _run_pairs(args, request, specs)
+    total = sum(len(spec.sizes) for spec in specs)
+    on_event = _progress(args.quiet or total < 2, total)
+    outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
+    if args.plot is not None:
+        from netmon.cli import plot
+
+        plot.busbw_against_size(outcomes, args.plot)
+    if args.textfile is not None:
+        from netmon.exposition import textfile
+
+        try:
+            textfile.write(args.textfile, outcomes, args.name, min_busbw)
+        except OSError as exc:
+            raise UsageError(f"--textfile: {args.textfile}: {exc.strerror}") from None
+    if args.json:
+        print(json.dumps(report.json_document(outcomes), indent=2))
+    else:
+        print("\n\n".join(report.table(outcome) for outcome in outcomes))
+    failed = [o for o in outcomes if o.failure is not None]
+    for outcome in failed:
+        assert outcome.failure is not None
+        print(
+            f"netmon: probe {outcome.spec.op} failed: {outcome.failure.describe()}", file=sys.stderr
+        )
+    if failed:
+        return EXIT_PROBE_FAILED
+    if min_busbw is not None:
+        gate = _gate(outcomes, min_busbw)
+        for message in gate:
+            print(f"netmon: UNHEALTHY: {message}", file=sys.stderr)
+        if gate:
+            return EXIT_GATE
+    return EXIT_OK
+
+
+def _topology(args: argparse.Namespace, backend: str, ranks: int) -> Topology | None:
+    """From --topology, else NVML on GPUs; CPU ranks form one class for pair probes."""
+    from netmon.topology.parse import parse_topo_matrix
+    from netmon.topology.plan import uniform
+
+    if args.topology is not None:
+        try:
+            return parse_topo_matrix(args.topology.read_text(errors="replace"))
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--topology: {args.topology}: {exc}") from None
+    if backend == "nccl":
+        from netmon.gpu.idle import IdleSourceError
+        from netmon.gpu.nvml import read_topology
+
+        try:
+            return read_topology()
+        except IdleSourceError as exc:
+            if args.pairs:
+                raise UsageError(f"--topology: {exc}; give a topo -m file") from None
+            return None  # NUMA nodes and NVLink intents stay unknown
+    return uniform(ranks, "CPU") if args.pairs else None
+
+
+def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[ProbeSpec]) -> int:
+    from netmon.probe import pairs
+    from netmon.topology.plan import plan_rounds
+
+    if len(specs) != 1:
+        raise UsageError("--pairs: give one --op, one --chunks value and one path")
+    if args.passes < 1:
+        raise UsageError(f"--passes: must be >= 1 (got {args.passes})")
+    topo = request.topology
+    assert topo is not None  # _request reads it for --pairs
+    probe, backend = request.probes[0], specs[0].backend
+    rounds = plan_rounds(topo)
+    paths = {pair: str(path) for pair, path in topo.pairs().items()}
+
+    def spec_of(pair: tuple[int, int]) -> ProbeSpec:
+        placement = pair_placement(pair, backend)
+        return _built(probe, request.node, placement=placement, topology=topo)
+
+    def progress(item: PairOutcome) -> None:
+        if not args.quiet:
+            state = "ok" if item.outcome.ok else f"FAILED ({item.outcome.failure.reason})"  # type: ignore[union-attr]
+            print(
+                f"netmon: pair {item.pair[0]}-{item.pair[1]} ({item.path}): {state}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    measured: list[PairOutcome] = []
+    for _ in range(args.passes):
+        measured += pairs.run_pair_rounds(spec_of, rounds, paths, on_pair=progress)
+    results = pairs.best_per_pair(measured)
+    verdict = pairs.verdict_at_largest(results, args.suspect_ratio)
+    if args.json:
+        print(json.dumps(report.pairs_document(results, verdict, rounds), indent=2))
+    else:
+        print(report.pairs_table(results, verdict))
+    failed = [item for item in results if not item.outcome.ok]
+    for item in failed:
+        assert item.outcome.failure is not None
+        print(
+            f"netmon: pair {item.pair[0]}-{item.pair[1]} failed: {item.outcome.failure.describe()}",
+            file=sys.stderr,
+        )
+    if failed:
+        return EXIT_PROBE_FAILED
+    if verdict.suspect_pairs or verdict.suspect_members:
+        print(f"netmon: UNHEALTHY: {verdict.describe()}", file=sys.stderr)
+        return EXIT_GATE
+    return EXIT_OK

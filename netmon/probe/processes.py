@@ -1,0 +1,55 @@
+"""The rank processes as the kernel sees them: state, exit status without reaping, and the last
+words a rank wrote to stderr. Used by the launcher; no probe logic."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+STDERR_TAIL = 1500
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, T, Z...), or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def exit_status(pid: int) -> int | None:
+    """Exit status of a finished child without reaping it, or None while it runs."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return int(info.si_status)
+    return -int(info.si_status)
+
+
+def describe_status(status: int) -> str:
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    return f"exited with status {status}"
+
+
+def stderr_tail(path: Path) -> str:
+    """The last lines a rank wrote to stderr, on one line."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "no stderr"
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return " | ".join(lines[-5:])[-STDERR_TAIL:] or "no stderr"
