@@ -67,7 +67,7 @@ def test_p5_env_overrides(p5: nd.TransportReport) -> None:
 
 
 def test_p5_judged(p5: nd.TransportReport) -> None:
-    # P2P/CUMEM plus NVLS fits an NVLink intent (not proof of NVLink: see FIELD-NOTES).
+    # P2P/CUMEM plus NVLS fits an NVLink intent; not proof of it (docs/FACTS.md, "Transport log").
     assert nd.judge(p5, "nvlink") == []
     assert nd.judge(p5, "any") == []
     assert nd.judge(p5, "pcie") == ["p2p_where_pcie_expected", "nvls_where_pcie_expected"]
@@ -138,7 +138,7 @@ def test_other_warnings_are_kept_but_not_judged() -> None:
 
 
 def test_honest_pcie_path() -> None:
-    # The path FIELD-NOTES calls the honest PCIe probe: P2P off, SHM on, NVLS off.
+    # The honest PCIe probe of docs/FACTS.md, "PCIe path": P2P off, SHM on, NVLS off.
     text = "\n".join(
         [
             "gpu1:77:77 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
