@@ -1,5 +1,5 @@
 # The README's two commands: `make run` and `make test`. Both set up .venv first.
-.PHONY: setup setup-dev run test lint bench
+.PHONY: setup setup-dev test-deps run test lint bench
 
 setup:
 	./scripts/setup
@@ -17,7 +17,11 @@ lint: setup-dev
 	.venv/bin/ruff format --check netmon tests bench grafana deploy
 	.venv/bin/mypy
 
-test: lint
+# Debian packages the tests use (Prometheus, promtool, amtool, iproute2...), when missing.
+test-deps:
+	./scripts/test-deps
+
+test: test-deps lint
 	.venv/bin/python -m pytest $(ARGS)
 
 bench: setup-dev

@@ -46,7 +46,8 @@ def require(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
         pytest.fail(
-            f"{binary} is not installed: install Debian's prometheus package (.ci/run does)"
+            f"{binary} is not installed: install Debian's prometheus package "
+            "(scripts/test-deps does, which make test runs)"
         )
     return path
 
