@@ -56,6 +56,7 @@ from netmon.exposition.snapshot import LinkPoint, ProbeStats, SeriesPoint, Snaps
 from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.build import build_spec
 from netmon.probe.launcher import run_probe
+from netmon.probe.processes import children_of
 
 HOST = "127.0.0.1"
 COMPRESSION = 60  # an hour of scheduled rounds in a minute
@@ -135,20 +136,6 @@ def forbidden_mappings(pid: int) -> list[str]:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
 
 
 def tagged_processes(tag: str) -> list[int]:

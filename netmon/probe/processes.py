@@ -53,3 +53,18 @@ def stderr_tail(path: Path) -> str:
         return "no stderr"
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return " | ".join(lines[-5:])[-STDERR_TAIL:] or "no stderr"
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc; a rank in its own session still counts)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found

@@ -10,10 +10,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from netmon.gpu import idle
 from netmon.probe.launcher import AbortCheck
+from netmon.probe.processes import children_of
 from netmon.probe.spec import ProbeSpec
 from netmon.serve.current import CurrentConfig
 
@@ -142,15 +142,4 @@ class Readiness:
 
 def own_processes() -> set[int]:
     """This process and its children: rank processes (in their own sessions, but still ours)."""
-    me = os.getpid()
-    found = {me}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == me:
-            found.add(int(entry.name))
-    return found
+    return {os.getpid(), *children_of(os.getpid())}
