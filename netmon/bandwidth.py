@@ -131,19 +131,30 @@ def bus_factor(op: OpName, ranks: int) -> float:
 
 @dataclass(frozen=True)
 class Buffers:
-    """Element counts of one collective's buffers and the size S that nccl-tests reports."""
+    """The buffers one rank allocates for one op, in elements, and the size S nccl-tests reports.
+
+    An out_count of 0 means the op works in place on its input (all_reduce, broadcast).
+    all_gather_object holds no tensors: its input is a host payload of in_count elements' bytes,
+    its output the n payloads gathered.
+    """
 
     in_count: int
     out_count: int
     size_bytes: int  # S in algbw = S / t
     count: int  # the "count" column of nccl-tests
+    element_bytes: int
+
+    @property
+    def budget_bytes(self) -> int:
+        return (self.in_count + self.out_count) * self.element_bytes
 
 
 def buffers_for(op: OpName, size_bytes: int, ranks: int, dtype: DTypeName) -> Buffers:
-    """Element counts for a requested size, rounded down as nccl-tests does, but never empty.
+    """The buffers of one op for a requested size, rounded down as nccl-tests does, never empty.
 
-    For all_gather and reduce_scatter S is the gathered (total) buffer; alltoall splits its
-    buffer evenly between ranks; all_reduce, broadcast and sendrecv use the buffer as is.
+    For all_gather and reduce_scatter S is the gathered (total) buffer, so a rank holds S/n and S;
+    alltoall splits S evenly between ranks and needs S in and S out, as does sendrecv; all_reduce
+    and broadcast run in place on one buffer of S.
     """
     width = DTYPE_BYTES[dtype]
     elements = size_bytes // width
@@ -151,13 +162,27 @@ def buffers_for(op: OpName, size_bytes: int, ranks: int, dtype: DTypeName) -> Bu
         per_rank = max(1, elements // ranks)
         total = per_rank * ranks
         if op == "reduce_scatter":
-            return Buffers(total, per_rank, total * width, total)
-        return Buffers(per_rank, total, total * width, total)
+            return Buffers(total, per_rank, total * width, total, width)
+        return Buffers(per_rank, total, total * width, total, width)
     if op == "alltoall":
         total = max(1, elements // ranks) * ranks
-        return Buffers(total, total, total * width, total)
+        return Buffers(total, total, total * width, total, width)
     count = max(1, elements)
-    return Buffers(count, count, count * width, count)
+    if op in ("all_reduce", "broadcast"):
+        return Buffers(count, 0, count * width, count, width)
+    return Buffers(count, count, count * width, count, width)  # sendrecv
+
+
+def buffer_budget(op: OpName, size_bytes: int, ranks: int, dtype: DTypeName) -> int:
+    """Bytes of the buffers one rank allocates for one op of the requested size.
+
+    In S, the size nccl-tests reports for the op, and n ranks: S for all_reduce and broadcast (in
+    place), S/n + S for all_gather, S + S/n for reduce_scatter, 2S for alltoall and sendrecv, and
+    for all_gather_object S/n + S of host bytes (torch's pickling stages further copies of its
+    own). A probe in chunks allocates for one chunk: pass size // chunks. Tensors live in device
+    memory with nccl and in host memory with gloo.
+    """
+    return buffers_for(op, size_bytes, ranks, dtype).budget_bytes
 
 
 def algbw(size_bytes: int, seconds: float) -> float:

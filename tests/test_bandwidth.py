@@ -106,9 +106,57 @@ def test_buffers_follow_nccl_tests_size_semantics() -> None:
     assert a2a.in_count == a2a.out_count == 524286
     reduce = bw.buffers_for("all_reduce", 8, 4, "float16")
     assert (reduce.count, reduce.size_bytes) == (4, 8)
+    # In place: no output buffer of its own.
+    assert (reduce.in_count, reduce.out_count, reduce.element_bytes) == (4, 0, 2)
     # Never an empty buffer: one element per rank at least.
     tiny = bw.buffers_for("all_gather", 4, 8, "float32")
     assert (tiny.in_count, tiny.size_bytes) == (1, 32)
+
+
+MIB, S_3 = 1 << 20, 1048572  # 1 MiB of float32 at 3 ranks: S rounded down to 3 x 87381 floats
+
+
+@pytest.mark.parametrize(
+    ("op", "size", "ranks", "dtype", "expected"),
+    [
+        # all_reduce and broadcast in place: S.
+        ("all_reduce", MIB, 3, "float32", MIB),
+        ("broadcast", MIB, 3, "float32", MIB),
+        ("all_reduce", 256 * MIB, 2, "float32", 268435456),
+        # all_gather S/n in, S out; reduce_scatter S in, S/n out; all_gather_object as all_gather.
+        ("all_gather", MIB, 3, "float32", 349524 + S_3),
+        ("reduce_scatter", MIB, 3, "float32", S_3 + 349524),
+        ("all_gather_object", MIB, 3, "float32", 349524 + S_3),
+        ("all_gather", 256 * MIB, 2, "float32", 402653184),
+        # alltoall and sendrecv: S in, S out.
+        ("alltoall", MIB, 3, "float32", 2 * S_3),
+        ("alltoall", MIB, 3, "bfloat16", 2 * S_3),
+        ("sendrecv", MIB, 3, "float32", 2 * MIB),
+        ("sendrecv", 256 * MIB, 2, "float16", 536870912),
+        # Never empty: one element per rank at least.
+        ("all_gather", 4, 8, "float32", 36),
+        ("alltoall", 4, 8, "float32", 64),
+        ("all_reduce", 1, 2, "float32", 4),
+    ],
+)
+def test_buffer_budget_is_what_one_rank_allocates_for_the_op(
+    op: bw.OpName, size: int, ranks: int, dtype: bw.DTypeName, expected: int
+) -> None:
+    assert bw.buffer_budget(op, size, ranks, dtype) == expected
+
+
+def test_every_op_has_a_budget_of_its_own_shape() -> None:
+    # 1 GiB at 8 ranks: S exact, S/n = 128 MiB. Every op is listed, so a new op needs a budget.
+    gib, s_n = 1 << 30, 128 << 20
+    assert {op: bw.buffer_budget(op, gib, 8, "float32") for op in bw.OPS} == {
+        "all_reduce": gib,
+        "broadcast": gib,
+        "all_gather": s_n + gib,
+        "reduce_scatter": gib + s_n,
+        "alltoall": 2 * gib,
+        "sendrecv": 2 * gib,
+        "all_gather_object": s_n + gib,
+    }
 
 
 def test_spread_statistics() -> None:
