@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from netmon.bandwidth import (
     DTypeName,
@@ -30,7 +38,7 @@ from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, describe_yaml_error, field_path
 from netmon.gpu.idle import IdlePolicy
 from netmon.group.members import GroupConfig
-from netmon.probe.paths import check_names
+from netmon.probe.paths import check_names, check_op
 from netmon.probe.spec import Backend, Timing
 
 ENV_PREFIX = "NETMON_"
@@ -120,6 +128,17 @@ class ProbeConfig(_Strict):
             if not value:
                 raise ValueError("give at least one path, like [default, pcie]")
             return check_names([str(v) for v in value])
+        return value
+
+    @field_validator("paths")
+    @classmethod
+    def _paths_run_op(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # A check of op and paths together, kept on `paths` so the error names the field to fix
+        # (probes[0].paths, --paths). `op` is declared first, so it is validated by now; it is
+        # missing only when invalid, and then its own error is reported.
+        op = info.data.get("op")
+        if op is not None:
+            check_op(value, op)
         return value
 
     @field_validator("sizes", mode="before")

@@ -1,4 +1,5 @@
-"""Stand-ins for the pynvml module, as NvmlSource, read_topology and read_link_health use it.
+"""Stand-ins for the pynvml module, as NvmlSource, read_topology, read_link_health and read_fabric
+use it.
 
 No GPU exists where the tests run, so each reader is given a fake machine instead of pynvml. Every
 call is bound against the installed pynvml function's real signature, so a misspelt name or a
@@ -246,3 +247,57 @@ class LinkHealthNvml(FakeNvml):
             slot.nvmlReturn = pynvml.NVML_SUCCESS
             slot.value.ullVal = kib[field_id]
         return values
+
+
+class FabricNvml(FakeNvml):
+    """pynvml as read_fabric uses it: two GPUs in the fabric `states` (nvmlGpuFabricState_t, one
+    per GPU) with registration `status`, then a lost GPU.
+
+    `error`: every fabric call raises this NVML error code instead. `versioned=False` is a driver
+    from before nvmlDeviceGetGpuFabricInfoV, which has only the first form. The machines the tests
+    use are SYNTHETIC, shaped after public records: an HGX H100 whose NCCL logs show every GPU at
+    state 3 (completed) with a zero cluster UUID and clique 0, a PCIe node that answers
+    NotSupported, and a node whose fabric manager is not running (GPUs left at not started).
+    """
+
+    healthy_gpus = 2
+
+    def __init__(
+        self,
+        states: Sequence[int] = (3, 3),
+        *,
+        status: int = pynvml.NVML_SUCCESS,
+        error: int | None = None,
+        versioned: bool = True,
+        cluster: bytes = bytes(16),
+        init_error: Exception | None = None,
+    ) -> None:
+        super().__init__(init_error)
+        self.states, self.status, self.error = tuple(states), status, error
+        self.versioned, self.cluster = versioned, cluster
+
+    def _nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-synthetic-{handle}"
+
+    def _fill(self, handle: int, info: Any) -> int:
+        if self.error is not None:
+            raise nvml_error(self.error)
+        info.state = self.states[handle]
+        info.status = self.status
+        info.cliqueId = 0
+        info.clusterUuid[:] = list(self.cluster)
+        return int(pynvml.NVML_SUCCESS)
+
+    def _nvmlDeviceGetGpuFabricInfoV(self, handle: int, pointer: Any) -> int:
+        if not self.versioned:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info = pointer.contents
+        # The driver reads the version field to know the struct's layout.
+        assert isinstance(info, pynvml.c_nvmlGpuFabricInfo_v2_t)
+        assert info.version == pynvml.nvmlGpuFabricInfo_v2
+        return self._fill(handle, info)
+
+    def _nvmlDeviceGetGpuFabricInfo(self, handle: int, pointer: Any) -> int:
+        info = pointer.contents
+        assert isinstance(info, pynvml.c_nvmlGpuFabricInfo_t)
+        return self._fill(handle, info)

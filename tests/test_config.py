@@ -270,6 +270,18 @@ def test_check_config_without_a_file_prints_the_embedded_default() -> None:
         ("probes: [{name: a, sizes: [8], interval: 0}]", ["probes[0].interval"]),
         ("probes: [{name: a, sizes: [8], interval: -1}]", ["probes[0].interval"]),
         ("probes: [{name: a, sizes: [8], op: all_reduc}]", ["probes[0].op"]),
+        (
+            "probes: [{name: a, sizes: [8], op: all_gather, paths: [default, tree]}]",
+            ["probes[0].paths: tree cannot run all_gather", "use default, pcie, ring or nvls"],
+        ),
+        (
+            "probes: [{name: a, sizes: [8], op: broadcast, paths: 'pcie,nvls'}]",
+            ["probes[0].paths: nvls cannot run broadcast", "all_reduce, all_gather and reduce"],
+        ),
+        (
+            "probes: [{name: a, sizes: [8], op: sendrecv, paths: [ring]}]",
+            ["probes[0].paths: ring does not apply to sendrecv", "use default or pcie"],
+        ),
         ("probes: [{name: a, sizes: [8], devices: [[0]]}]", ["probes[0].devices"]),
         ("devices: []", ["devices", "one or more GPU"]),
         ("backend: mpi", ["backend", "'nccl' or 'gloo'"]),
@@ -294,6 +306,28 @@ def test_a_bad_file_is_one_line_naming_the_field(
     assert message.startswith(str(path))
     for part in expected:
         assert part in message
+
+
+def test_path_variants_the_op_can_run_are_accepted(tmp_path: Path) -> None:
+    text = (
+        "probes:\n"
+        "  - {name: ar, sizes: [8], paths: [default, pcie, ring, tree, nvls]}\n"
+        "  - {name: ag, sizes: [8], op: all_gather, paths: [default, nvls]}\n"
+        "  - {name: sr, sizes: [8], op: sendrecv, paths: [default, pcie]}\n"
+    )
+    config = load_config(write(tmp_path, text), environ={})
+    assert [p.paths for p in config.probes or ()] == [
+        ("default", "pcie", "ring", "tree", "nvls"),
+        ("default", "nvls"),
+        ("default", "pcie"),
+    ]
+
+
+def test_an_override_that_makes_a_path_unrunnable_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "probes: [{name: a, sizes: [8], paths: [default, tree]}]")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={"NETMON_PROBES__0__OP": "reduce_scatter"})
+    assert "probes[0].paths: tree cannot run reduce_scatter" in str(caught.value)
 
 
 def test_check_config_reports_a_bad_interval_in_one_line(tmp_path: Path) -> None:

@@ -1,11 +1,14 @@
-"""Thin NVML access (nvidia-ml-py): GPU count, idle readings, topology and link health.
+"""Thin NVML access (nvidia-ml-py): GPU count, idle readings, topology, link health and the
+NVLink fabric.
 
 Every reader opens NVML through `_session` and hands the answers to a pure translation (here
-reading_from_raw, netmon.topology.readings, netmon.gpu.linkhealth). Never initialises CUDA.
+reading_from_raw, netmon.topology.readings, netmon.gpu.linkhealth, netmon.gpu.fabric). Never
+initialises CUDA.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import threading
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from netmon.gpu import linkhealth
+from netmon.gpu.fabric import FabricReading, fabric_from_raw
 from netmon.gpu.idle import ComputeMode, GpuReading, IdleSourceError
 from netmon.topology.model import Pair, Topology
 from netmon.topology.readings import (
@@ -376,3 +380,48 @@ def read_link_health(under_load: bool, nvml: Any = None) -> linkhealth.LinkHealt
         under_load=under_load,
         read_at=read_at,
     )
+
+
+# --- NVLink fabric ------------------------------------------------------------------------------
+
+
+def read_fabric(nvml: Any = None) -> tuple[FabricReading, ...]:
+    """Every GPU's NVLink fabric state, read now (nvmlDeviceGetGpuFabricInfoV).
+
+    Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
+    warning; one whose fabric NVML cannot read is "unknown", never a guess.
+    """
+    with _session(nvml) as nv:
+        ask = _asker(nv)
+        readings = []
+        for index, handle in _handles(nv, "no fabric reading for it"):
+            uuid = ask(nv.nvmlDeviceGetUUID, handle)
+            info, error = _fabric_info(nv, handle)
+            text = None if uuid is None else _text(uuid)
+            readings.append(fabric_from_raw(index, text, info, error))
+    return tuple(readings)
+
+
+def _fabric_info(nv: Any, handle: object) -> tuple[Any, int | None]:
+    """(struct, None), or (None, the NVML error code) where NVML answered with an error."""
+    error: int | None = None
+    # The versioned call first; a driver from before it has only the first form, and an old
+    # pynvml neither (its missing names are skipped like the driver's).
+    for call, struct in (
+        ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+        ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+    ):
+        ask, shape = getattr(nv, call, None), getattr(nv, struct, None)
+        if ask is None or shape is None:
+            continue
+        info = shape()  # the V struct sets its own version field
+        try:
+            ask(handle, ctypes.pointer(info))  # NVML fills the struct the pointer names
+        except nv.NVMLError as exc:
+            error = getattr(exc, "value", None)
+            log.debug("NVML: %s unanswered: %s", call, exc)
+            if error == nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                continue
+            return None, error
+        return info, None
+    return None, error
