@@ -1,13 +1,23 @@
-"""The pure part of node groups: members, self, leader and a round's world, from literals."""
+"""The pure part of node groups: members, self, leader and a round's world, from literals; and the
+transport a group declares, judged on a round's outcome before Results records it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from netmon import baseline
+from netmon.config import ConfigError, NetmonConfig, parse_config, resolve
 from netmon.group.members import GroupConfig, World, identify_self, lay_out, leader_of
+from netmon.probe import crossnode
+from netmon.probe.build import Placement, build_spec
+from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
+from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
+from netmon.serve.current import CurrentConfig
+from netmon.serve.results import Results
 
 A, B, C = "10.0.0.1:29400", "10.0.0.2:29400", "gpu-c:29400"
 
@@ -64,3 +74,144 @@ def test_self_is_the_member_whose_host_is_one_of_this_hosts_names() -> None:
 def test_bad_group_settings_say_what_is_wrong(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         config(**fields)
+
+
+# --- the transport a group declares between nodes (docs/GROUPS.md, "The transport")
+
+
+def node_config(tmp_path: Path, transport: str | None) -> NetmonConfig:
+    group: dict[str, Any] = {"name": "rack-a", "members": [A, B], "secret_file": "/s"}
+    if transport is not None:
+        group["transport"] = transport
+    document = {
+        "backend": "nccl",
+        "devices": ["0", "1"],
+        "state_dir": str(tmp_path),
+        "pause_file": str(tmp_path / "pause"),
+        "group": group,
+        "probes": [
+            {"name": "small", "sizes": [8], "interval": "1m"},
+            {"name": "cross", "scope": "group_one_gpu", "sizes": ["1M"], "interval": "15m"},
+            {"name": "peers", "scope": "node_pairs", "sizes": ["1M"], "interval": "1h"},
+        ],
+    }
+    return resolve(parse_config(document), gpus=2)
+
+
+@pytest.mark.parametrize("transport", ["ib", "socket", "net", "any"])
+def test_a_group_declares_the_network_between_its_nodes(transport: str) -> None:
+    assert config(transport=transport).transport == transport
+    assert config().transport == "any"  # configurations without it keep working
+
+
+@pytest.mark.parametrize("value", ["rdma", "IB", "efa", "", ["ib"], 1])
+def test_another_transport_is_refused_in_one_line_naming_the_field(value: object) -> None:
+    group = {"name": "rack-a", "members": [A], "secret_file": "/s", "transport": value}
+    document = {"group": group}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document)
+    message = str(caught.value)
+    assert message.startswith("config: group.transport: use ib ")
+    assert "\n" not in message
+
+
+def round_outcome(faults: tuple[str, ...], transports: tuple[str, ...]) -> ProbeOutcome:
+    """A group round that completed, as the launcher returns it, with what NCCL's log showed."""
+    spec = ProbeSpec(
+        backend="nccl", ranks=2, devices=("0", "0"), sizes=(1 << 20,), path="group", intent="net_ib"
+    )
+    samples = [0.001, 0.0011, 0.0012]
+    result = SizeResult.of_samples(spec, 1 << 20, 1 << 18, samples, [samples, samples], None)
+    return ProbeOutcome(
+        spec=spec,
+        results=(result,),
+        started_at=1.0,
+        wall_s=2.0,
+        transports=transports,
+        transport_faults=faults,
+    )
+
+
+def test_a_round_on_sockets_where_ib_is_declared_fails_counted_and_learns_nothing(
+    tmp_path: Path,
+) -> None:
+    config = node_config(tmp_path, "ib")
+    book = baseline.BaselineBook(config.baseline)
+    results = Results(CurrentConfig(config), book, None)
+    (probe,) = [p for p in config.probes or () if p.name == "cross"]
+
+    outcome = transport_checked(round_outcome(("socket_where_ib_expected",), ("net_socket",)))
+    assert outcome.failure is not None
+    assert outcome.failure.reason == "transport_mismatch"
+    assert "socket_where_ib_expected" in outcome.failure.describe()
+    assert outcome.results, "the measurement is kept for the log, not exported"
+
+    assert results.finished(probe, outcome, "group", export=True) == []
+    snapshot = results.snapshot()
+    assert snapshot.probes["cross"].failures == {"transport_mismatch": 1}
+    assert snapshot.probes["cross"].last_success is None
+    assert snapshot.series == ()
+    assert book.verdicts() == {}
+    assert snapshot.transport_faults[("cross", "group", "socket_where_ib_expected")] == 1
+
+    # The same round on IB is a success that is exported and learned.
+    fine = transport_checked(round_outcome((), ("net_ib", "p2p")))
+    assert fine.ok
+    results.finished(probe, fine, "group", export=True)
+    assert [p.path for p in results.snapshot().series] == ["group"]
+    assert len(book.verdicts()) == 1
+
+
+def test_only_a_network_mismatch_fails_a_round() -> None:
+    # A fault inside the node is counted as before but does not say the network was wrong.
+    assert transport_checked(round_outcome(("p2p_disabled_on_nvlink",), ("net_ib",))).ok
+    # No log to judge (gloo ranks, or NCCL_DEBUG set by the probe): nothing to fail on.
+    assert transport_checked(round_outcome((), ("gloo",))).ok
+    assert transport_checked(round_outcome((), ())).ok
+    # A round that failed keeps its own failure.
+    timeout = ProbeFailure(phase="measure", rank=1, cause="timeout", detail="x")
+    failed = round_outcome(("no_net_between_nodes",), ("p2p",)).model_copy(
+        update={"failure": timeout}
+    )
+    assert transport_checked(failed).failure == timeout
+
+
+@pytest.mark.parametrize(
+    ("transport", "intent"),
+    [("ib", "net_ib"), ("socket", "net_socket"), ("net", "net"), ("any", "any")],
+)
+def test_a_rounds_spec_carries_the_groups_transport_as_its_intent(
+    tmp_path: Path, transport: str, intent: str
+) -> None:
+    config = node_config(tmp_path, transport)
+    assert config.group is not None
+    (probe,) = [p for p in config.probes or () if p.name == "cross"]
+    placement = Placement(
+        devices=("0", "0"),
+        ranks=2,
+        host="10.0.0.1",
+        reporters=(0, 1),
+        local_ranks=(0,),
+        label="group",
+        intent=INTENT_OF_TRANSPORT[config.group.transport],
+    )
+    spec = build_spec(probe, config, placement=placement)
+    assert (spec.intent, spec.path) == (intent, "group")
+
+
+def test_the_declared_networks_reasons_start_at_zero_for_the_groups_probes(
+    tmp_path: Path,
+) -> None:
+    ib = node_config(tmp_path, "ib")
+    results = Results(CurrentConfig(ib), baseline.BaselineBook(ib.baseline), None)
+    known = results.snapshot().transport_faults
+    assert set(known.values()) == {0}
+    across = {"socket_where_ib_expected", "plugin_where_ib_expected", "no_net_between_nodes"}
+    assert {r for (p, path, r) in known if p == "cross"} == across
+    assert {path for (p, path, _) in known if p == "cross"} == {"group"}
+    assert {path for (p, path, _) in known if p == "peers"} == {"node_pair"}
+    local = {r for (p, _, r) in known if p == "small"}
+    assert local and not local & set(crossnode.NET_REASONS)
+    unset = node_config(tmp_path, None)
+    anything = Results(CurrentConfig(unset), baseline.BaselineBook(unset.baseline), None)
+    assert {p for (p, _, _) in anything.snapshot().transport_faults} == {"small"}

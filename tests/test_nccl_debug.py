@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from netmon.group.members import TRANSPORTS
+from netmon.probe import crossnode, debugenv
 from netmon.probe import nccl_debug as nd
+from netmon.probe.launcher import Launcher
+from netmon.probe.spec import ProbeSpec
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -337,3 +341,223 @@ def test_reasons_are_bounded() -> None:
     for text in texts:
         for intent in ("nvlink", "pcie", "any"):
             assert set(nd.judge(nd.parse(text), intent)) <= set(nd.REASONS)
+
+
+# --- between nodes: a node group's `transport` (netmon.probe.crossnode)
+
+NET_INTENTS: tuple[nd.Intent, ...] = ("net_ib", "net_socket", "net")
+
+
+def one_member_log(via: str, n_nodes: int = 2, mnnvl: int = 0) -> str:
+    """What one member of a 2-node round finds in its own rank's NCCL_DEBUG_FILE, in the formats
+    of NCCL's src/init.cc and src/transport/{net,p2p}.cc: its peer's host is never named."""
+    return "\n".join(
+        [
+            "node-a:4100:4100 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+            "node-a:4100:4120 [0] NCCL INFO Using network Socket",
+            f"node-a:4100:4120 [0] NCCL INFO comm 0x55d0 rank 0 nRanks 2 nNodes {n_nodes} "
+            f"localRanks 1 localRank 0 MNNVL {mnnvl}",
+            f"node-a:4100:4130 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via {via}",
+            f"node-a:4100:4130 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via {via}",
+        ]
+    )
+
+
+def test_the_published_ib_log_fits_ib_and_net_but_not_socket() -> None:
+    report = load("nccl_info_2node_ib_p2pipc_read_nccl687_excerpt.txt")
+    # The NET peers' hosts are unknown (locality "unknown"), which is what a member's own log
+    # shows of the other node: it still counts as the network between the nodes.
+    assert crossnode.network_transports(report) == {"net_ib"}
+    assert nd.judge(report, "net_ib") == []
+    assert nd.judge(report, "net") == []
+    assert nd.judge(report, "net_socket") == ["ib_where_socket_expected"]
+
+
+def test_the_published_efa_log_is_a_plugin_neither_ib_nor_socket(p5: nd.TransportReport) -> None:
+    # AWS Libfabric (EFA through aws-ofi-nccl) is a net plugin: not NCCL's IB verbs transport.
+    assert crossnode.network_transports(p5) == {"net_other"}
+    assert nd.judge(p5, "net_ib") == ["plugin_where_ib_expected"]
+    assert nd.judge(p5, "net_socket") == ["plugin_where_socket_expected"]
+    assert nd.judge(p5, "net") == []
+    assert nd.judge(p5, "any") == []
+
+
+@pytest.mark.parametrize(
+    ("via", "expected"),
+    [
+        (
+            "NET/Socket/0",
+            {"net_ib": ["socket_where_ib_expected"], "net": ["socket_where_net_expected"]},
+        ),
+        ("NET/IB/0/GDRDMA", {"net_socket": ["ib_where_socket_expected"]}),
+        ("NET/IB/1(3)/GDRDMA/Shared", {"net_socket": ["ib_where_socket_expected"]}),
+        ("NET/IBext_v8/0/GDRDMA", {"net_socket": ["ib_where_socket_expected"]}),
+        (
+            "NET/AWS Libfabric/0/GDRDMA",
+            {
+                "net_ib": ["plugin_where_ib_expected"],
+                "net_socket": ["plugin_where_socket_expected"],
+            },
+        ),
+    ],
+)
+def test_one_members_log_is_judged_against_each_network_intent(
+    via: str, expected: dict[str, list[str]]
+) -> None:
+    report = nd.parse(one_member_log(via))
+    assert {c.locality for c in report.connections} == {"unknown"}
+    for intent in NET_INTENTS:
+        assert nd.judge(report, intent) == expected.get(intent, []), intent
+    assert nd.judge(report, "any") == []
+
+
+def test_a_socket_fallback_fails_ib_whatever_else_was_used() -> None:
+    text = (
+        one_member_log("NET/IB/0/GDRDMA")
+        + "\n"
+        + ("node-a:4100:4130 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/Socket/1")
+    )
+    assert nd.judge(nd.parse(text), "net_ib") == ["socket_where_ib_expected"]
+
+
+def test_several_nodes_without_a_network_connection_are_no_network() -> None:
+    # A multi-node NVLink domain (MNNVL 1) joins the nodes by P2P: no network was measured.
+    report = nd.parse(one_member_log("P2P/MNNVL/read", mnnvl=1))
+    assert crossnode.network_transports(report) == frozenset()
+    for intent in NET_INTENTS:
+        assert nd.judge(report, intent) == ["no_net_between_nodes"]
+    assert nd.judge(report, "any") == []
+
+
+def test_network_inside_one_node_is_not_the_network_between_nodes() -> None:
+    # P2P and SHM both off: NCCL goes through the NIC inside the node; nNodes 1 says so.
+    text = "\n".join(
+        [
+            "gpu1:77:90 [0] NCCL INFO comm 0x5581 rank 0 nRanks 2 nNodes 1 localRanks 2 "
+            "localRank 0 MNNVL 0",
+            "gpu1:77:95 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] [send] via NET/Socket/0",
+        ]
+    )
+    report = nd.parse(text)
+    assert report.connections[0].locality == "intra_node"
+    for intent in NET_INTENTS:
+        assert nd.judge(report, intent) == []
+
+
+def test_nothing_to_judge_without_connection_lines() -> None:
+    # gloo ranks, NCCL_DEBUG set by the probe, or a run that never connected: no verdict.
+    for text in ("", one_member_log("NET/Socket/0").rsplit("\n", 2)[0]):
+        report = nd.parse(text)
+        assert not report.observed
+        for intent in NET_INTENTS:
+            assert nd.judge(report, intent) == []
+    assert nd.judge_logs([], "net_ib") == ((), ())
+
+
+def test_network_reasons_are_bounded_and_each_intent_names_its_own() -> None:
+    assert set(crossnode.NET_REASONS) <= set(nd.REASONS)
+    assert len(set(nd.REASONS)) == len(nd.REASONS)
+    assert crossnode.network_reasons("any") == crossnode.network_reasons("nvlink") == ()
+    produced: set[str] = set()
+    for via in ("NET/Socket/0", "NET/IB/0", "NET/AWS Libfabric/0", "P2P/MNNVL"):
+        report = nd.parse(one_member_log(via, mnnvl=int(via.startswith("P2P"))))
+        for intent in NET_INTENTS:
+            found = nd.judge(report, intent)
+            assert set(found) <= set(crossnode.network_reasons(intent)), (via, intent)
+            produced.update(found)
+    assert produced == set(crossnode.NET_REASONS)
+    assert {crossnode.INTENT_OF_TRANSPORT[t] for t in TRANSPORTS} == {*NET_INTENTS, "any"}
+
+
+# --- NCCL_DEBUG: what the ranks are given, an operator's own settings kept (probe.debugenv)
+
+_DEBUG_VARIABLES = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+
+
+def rank_env(
+    monkeypatch: pytest.MonkeyPatch, spec_env: dict[str, str] | None = None, /, **process: str
+) -> dict[str, str]:
+    """Rank 0's environment for a 2-GPU NCCL probe, with `process` as netmon's own environment
+    (no GPU is needed to compute it)."""
+    for name in _DEBUG_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in process.items():
+        monkeypatch.setenv(name, value)
+    spec = ProbeSpec(backend="nccl", ranks=2, devices=("0", "1"), env=spec_env or {})
+    return Launcher(spec)._rank_env(0)
+
+
+def debug_of(env: dict[str, str]) -> dict[str, str]:
+    return {name: env[name] for name in _DEBUG_VARIABLES if name in env}
+
+
+def test_without_an_operators_setting_the_ranks_log_info_to_netmons_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = debug_of(rank_env(monkeypatch))
+    assert env.pop("NCCL_DEBUG_FILE").endswith("/nccl.rank0.%h.%p.log")
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"}
+
+
+@pytest.mark.parametrize("where", ["process", "spec"])
+def test_an_operators_warn_level_is_kept(monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    if where == "process":
+        env = rank_env(monkeypatch, NCCL_DEBUG="WARN")
+    else:
+        env = rank_env(monkeypatch, {"NCCL_DEBUG": "WARN"})
+    # WARN prints no transport: no file of netmon's, so the transports stay unknown, unjudged.
+    assert debug_of(env) == {"NCCL_DEBUG": "WARN"}
+
+
+def test_an_operators_subsystems_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = debug_of(rank_env(monkeypatch, NCCL_DEBUG_SUBSYS="INIT,NET"))
+    assert env.pop("NCCL_DEBUG_FILE").endswith("/nccl.rank0.%h.%p.log")  # INIT: every "via" line
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    # Without INIT the log would show some transports and hide others: the level is not raised.
+    assert debug_of(rank_env(monkeypatch, NCCL_DEBUG_SUBSYS="COLL")) == {
+        "NCCL_DEBUG_SUBSYS": "COLL"
+    }
+    spec_env = {"NCCL_DEBUG_SUBSYS": "^INIT"}
+    assert debug_of(rank_env(monkeypatch, spec_env)) == spec_env
+
+
+def test_an_operators_info_level_and_file_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # INFO with NCCL's default subsystems (INIT among them): netmon reads it from its own file.
+    env = debug_of(rank_env(monkeypatch, NCCL_DEBUG="info"))
+    assert env.pop("NCCL_DEBUG_FILE").endswith("/nccl.rank0.%h.%p.log")
+    assert env == {"NCCL_DEBUG": "info"}
+    # Their own file is theirs: netmon neither moves it nor looks for it.
+    theirs = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/var/log/nccl/%h.%p.log"}
+    assert debug_of(rank_env(monkeypatch, **theirs)) == theirs
+    only_file = {"NCCL_DEBUG_FILE": "/var/log/nccl/%h.%p.log"}
+    assert debug_of(rank_env(monkeypatch, only_file)) == only_file
+
+
+def test_cpu_ranks_get_no_nccl_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _DEBUG_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert debug_of(Launcher(ProbeSpec(backend="gloo"))._rank_env(0)) == {}
+
+
+@pytest.mark.parametrize(
+    ("level", "subsys", "complete"),
+    [
+        (None, None, False),
+        ("VERSION", None, False),
+        ("WARN", "ALL", False),
+        ("INFO", None, True),  # NCCL's default subsystems: INIT, BOOTSTRAP, ENV
+        ("info", "init,net", True),
+        ("ABORT", None, True),  # above INFO in NCCL's order: prints INFO lines too
+        ("TRACE", "INIT", True),
+        ("INFO", "ALL", True),
+        ("INFO", "P2P,SHM,NET", False),  # NVLS and communicator lines are INIT's only
+        ("INFO", "^INIT", False),
+        ("INFO", "^COLL,PROXY", True),
+        ("INFO", "^ALL", False),
+        ("verbose", None, False),
+    ],
+)
+def test_which_settings_log_the_transports(
+    level: str | None, subsys: str | None, complete: bool
+) -> None:
+    assert debugenv.logs_transports(level, subsys) is complete

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -22,6 +22,13 @@ from netmon.bandwidth import parse_duration
 
 _MEMBER = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+# The network NCCL must carry a group's rounds on between nodes, as its NCCL_DEBUG=INFO log shows
+# it (docs/GROUPS.md, "The transport"): ib, NCCL's InfiniBand verbs transport (RoCE too); socket,
+# its TCP sockets; net, any network transport but sockets (IB verbs or a net plugin such as EFA's);
+# any, not judged.
+Transport = Literal["ib", "socket", "net", "any"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
 
 
 class GroupConfig(BaseModel):
@@ -42,6 +49,8 @@ class GroupConfig(BaseModel):
     bind: str | None = None
     heartbeat: float = Field(1.0, gt=0, description="seconds between member checks")
     ready_timeout: float = Field(5.0, gt=0, description="seconds a round waits for members")
+    # A round whose NCCL log shows another network between nodes fails as transport_mismatch.
+    transport: Transport = "any"
 
     @field_validator("name")
     @classmethod
@@ -66,6 +75,16 @@ class GroupConfig(BaseModel):
             if not members:
                 raise ValueError("a group needs members")
             return members
+        return value
+
+    @field_validator("transport", mode="before")
+    @classmethod
+    def _transport(cls, value: object) -> object:
+        if value not in TRANSPORTS:
+            raise ValueError(
+                "use ib (NCCL's InfiniBand verbs, RoCE too), socket (TCP sockets), net (any "
+                "network transport but sockets) or any (not checked)"
+            )
         return value
 
     @field_validator("heartbeat", "ready_timeout", mode="before")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from netmon.probe.crossnode import NET_REASONS, judge_network
+
 TransportClass = Literal["p2p", "shm", "net_ib", "net_socket", "net_other", "nvls"]
 TRANSPORT_CLASSES: tuple[TransportClass, ...] = (
     "p2p",
@@ -22,7 +24,8 @@ TRANSPORT_CLASSES: tuple[TransportClass, ...] = (
     "nvls",
 )
 Locality = Literal["intra_node", "inter_node", "unknown"]
-Intent = Literal["nvlink", "pcie", "any"]
+# Across nodes, a node group's `transport` (netmon.probe.crossnode): net_ib, net_socket, net.
+Intent = Literal["nvlink", "pcie", "any", "net_ib", "net_socket", "net"]
 Direction = Literal["send", "receive"]
 
 # Every string `judge` can return, so an exporter can publish a zero for each before any occurs.
@@ -34,6 +37,8 @@ REASONS: tuple[str, ...] = (
     "p2p_where_pcie_expected",
     "nvls_where_pcie_expected",
     "net_where_pcie_expected",
+    # Between nodes, against a node group's `transport` (netmon.probe.crossnode).
+    *NET_REASONS,
 )
 
 # NCCL_RUNTIME_CONNECT (default on since 2.22) defers connection setup, and so the "Channel ...
@@ -441,6 +446,7 @@ def judge(report: TransportReport, intent: Intent) -> list[str]:
             reasons.append("nvls_where_pcie_expected")
         if intra & {"net_ib", "net_socket", "net_other"}:
             reasons.append("net_where_pcie_expected")
+    reasons.extend(judge_network(report, intent))
     return reasons
 
 

@@ -30,6 +30,7 @@ from netmon.group.link import GroupError, GroupLink, SealedLink
 from netmon.group.members import GroupConfig, World, lay_out, leader_of
 from netmon.logs import event
 from netmon.probe.build import Placement, build_spec
+from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.serve.current import CurrentConfig
@@ -417,7 +418,7 @@ class Coordinator:
             local_ranks=world.ranks_of[self.me],
             env=env,
             label="group",
-            intent="any",
+            intent=INTENT_OF_TRANSPORT[self.group.transport],
         )
         return build_spec(probe, config, placement=placement, topology=self.topology)
 
@@ -450,7 +451,7 @@ class Coordinator:
             port_source=port_source,
             python=config.rank_python or sys.executable,
         )
-        return launcher.run()
+        return transport_checked(launcher.run())
 
     def _record(self, probe: ProbeConfig, outcome: ProbeOutcome, export: bool, epoch: int) -> None:
         self.results.finished(probe, outcome, "group", export=export)

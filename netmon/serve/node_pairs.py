@@ -145,6 +145,8 @@ class NodePairs:
         peer = world.members[1] if host_of_rank0 else world.members[0]
         self.rounds.results.finished(probe, outcome, "node_pair", export=False)
         largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
+        # No value from a failed pair, one that ran on another network than the group declares
+        # (transport_mismatch, netmon.probe.crossnode) included: the verdict leaves it out.
         value = largest.busbw_bytes_per_second if largest and outcome.ok else None
         if host_of_rank0:
             self.rounds.results.peer_measured(probe.name, peer, outcome)
@@ -158,6 +160,8 @@ class NodePairs:
             probe=probe.name,
             peer=peer,
             outcome="ok" if outcome.ok else "failed",
+            reason=outcome.failure.reason if outcome.failure else None,
+            detail=outcome.failure.describe() if outcome.failure else None,
             busbw_gbps=round(value / 1e9, 4) if value else None,
         )
         return value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +29,7 @@ from netmon.exposition.snapshot import (
     series_points,
 )
 from netmon.gpu.linkhealth import LinkHealth
-from netmon.probe import nccl_debug
+from netmon.probe import crossnode, nccl_debug
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome
 from netmon.probe.verdict import LinkVerdict
@@ -72,13 +72,9 @@ class Results:
         self._pair_members: dict[str, tuple[int, ...]] = {}
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
         # Known mismatch reasons start at 0 on GPU nodes, so increase() sees the first one.
-        self._transport_faults: dict[tuple[str, str, str], int] = {
-            (probe.name, path, reason): 0
-            for probe in (config.probes or ())
-            if config.backend == "nccl"
-            for path in probe.paths
-            for reason in nccl_debug.REASONS
-        }
+        self._transport_faults: dict[tuple[str, str, str], int] = dict.fromkeys(
+            _known_transport_faults(config), 0
+        )
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: LinkHealth | None = None
         self._group: GroupView | None = None
@@ -335,6 +331,22 @@ class Results:
             group_rejected=dict(self._group_rejected),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
         )
+
+
+def _known_transport_faults(config: NetmonConfig) -> Iterator[tuple[str, str, str]]:
+    """(probe, path, reason) of every transport fault a probe can have: a local path's reasons,
+    and for a group's rounds and node pairs the network reasons of the group's `transport`."""
+    if config.backend != "nccl":
+        return
+    local = [r for r in nccl_debug.REASONS if r not in crossnode.NET_REASONS]
+    transport = config.group.transport if config.group is not None else "any"
+    across = crossnode.network_reasons(crossnode.INTENT_OF_TRANSPORT[transport])
+    for probe in config.probes or ():
+        if probe.scope == "local":
+            yield from ((probe.name, path, r) for path in probe.paths for r in local)
+        else:
+            path = "node_pair" if probe.scope == "node_pairs" else "group"
+            yield from ((probe.name, path, r) for r in across)
 
 
 def _torch_version() -> str:
