@@ -534,3 +534,55 @@ def test_the_daemon_skips_a_gpu_the_kubelet_gave_to_a_pod(
                 daemon.kill()
                 daemon.wait()
     assert daemon.returncode == 0, log_path.read_text()
+
+
+# --- finished pods that some kubelets keep listing (kubernetes issue 119423)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def held(guard: KubeletGuard) -> bool:
+    """GPU 0 is marked as the job's."""
+    return "ml/train-0" in (guard.read()[0].allocated_to or "")
+
+
+def test_a_pod_listed_with_a_gpu_but_no_process_for_long_is_taken_as_finished(
+    kubelet: FakeKubelet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="netmon.gpu.kubelet")
+    clock = Clock()
+    policy = IdlePolicy(kubelet_socket=kubelet.socket, kubelet_stale_after="10m")
+    quiet = KubeletGuard(ReplaySource([IDLE_NODE]), Policy(policy), OWN, clock=clock)
+    assert held(quiet)  # given, its process not started yet
+    clock.now += 599
+    assert held(quiet)
+    clock.now += 2
+    assert quiet.read()[0].allocated_to is None  # ten quiet minutes: a finished pod
+    assert idle.check(quiet, ["0"], (), IdlePolicy(), no_sleep).idle
+    finished = [r.getMessage() for r in caplog.records if "finished pod" in r.getMessage()]
+    assert len(finished) == 1 and "ml/train-0" in finished[0]
+
+
+def test_a_process_on_the_gpu_keeps_the_pod_counted_as_running(kubelet: FakeKubelet) -> None:
+    clock = Clock()
+    source = ReplaySource([[reading(0, U0, pids=(48213,)), reading(1, U1)], IDLE_NODE])
+    policy = IdlePolicy(kubelet_socket=kubelet.socket, kubelet_stale_after=600)
+    guarded = KubeletGuard(source, Policy(policy), OWN, clock=clock)
+    guarded.read()  # the job's process runs: the quiet count starts again
+    clock.now += 599
+    assert held(guarded)  # quiet for 599 s only
+
+
+def test_stale_allocations_are_never_dropped_when_turned_off(kubelet: FakeKubelet) -> None:
+    clock = Clock()
+    policy = IdlePolicy(kubelet_socket=kubelet.socket, kubelet_stale_after=0)
+    guarded = KubeletGuard(ReplaySource([IDLE_NODE]), Policy(policy), OWN, clock=clock)
+    guarded.read()
+    clock.now += 10 * 86400
+    assert held(guarded)

@@ -93,8 +93,15 @@ def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
         given = dataclasses.replace(_reading(1), allocated_to="jobs/train-0/worker")
         readiness.idle_source = idle.ReplaySource([[_reading(0), given]])
         assert abort() == "preempted"
+        # Gone from NVML, but a GPU once taken stays off limits, for this check and any other
+        # on it, until a claim's full idle check finds it idle.
         readiness.idle_source = idle.ReplaySource([[_reading(0), _reading(1)]])
-        assert abort() is None
+        assert abort() == "preempted"
+        assert readiness.abort_check(("1",))() == "preempted"
+        assert readiness.abort_check(("0",))() is None
+        with readiness.claim(frozenset({"0", "1"}), ("0", "1"), 1.0) as decision:
+            assert decision.ready
+        assert readiness.abort_check(("0", "1"))() is None
     finally:
         rank.kill()
         rank.wait()

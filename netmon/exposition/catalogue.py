@@ -44,6 +44,7 @@ FAILURE_REASONS = (
     "shutdown",
     "internal",
     "member_absent",
+    "transport_mismatch",
 )
 SKIP_REASONS = (
     "paused",
@@ -61,6 +62,7 @@ SKIP_REASONS = (
     "shutting_down",
     "still_running",
     "member_absent",
+    "path_unsupported",
 )
 
 

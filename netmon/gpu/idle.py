@@ -16,7 +16,7 @@ from typing import ClassVar, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from netmon.bandwidth import parse_size
+from netmon.bandwidth import parse_duration, parse_size
 from netmon.gpu.podresources import GpuAllocations
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
@@ -67,12 +67,21 @@ class IdlePolicy(BaseModel):
     # The kubelet's pod-resources socket (Kubernetes): a GPU a device plugin gave to a pod other
     # than netmon's own is busy even before the pod's process starts. None (default): not asked.
     kubelet_socket: Path | None = None
+    # Some kubelets list pods that have finished with their devices (kubernetes issue 119423):
+    # a pod that has held a GPU this long with no process on it is taken as finished, so its
+    # GPU is probed again (a job that then starts preempts the probe within a second). 0: never.
+    kubelet_stale_after: float = Field(900.0, ge=0)
 
     @field_validator("max_memory_used", mode="before")
     @classmethod
     def _memory_size(cls, value: object) -> object:
         # A configuration file says "1G" (binary, as every size in netmon).
         return parse_size(value) if isinstance(value, str) else value
+
+    @field_validator("kubelet_stale_after", mode="before")
+    @classmethod
+    def _stale_after(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value
 
     @field_validator("kubelet_socket", mode="before")
     @classmethod

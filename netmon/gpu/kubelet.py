@@ -6,10 +6,12 @@ it then could take memory the job is about to need.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -109,13 +111,19 @@ class KubeletGuard:
         policy: Callable[[], idle.IdlePolicy],
         own: tuple[str, str] | None = None,
         lister: Callable[[Path, float], bytes] = list_pod_resources,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.source = source
         self.policy = policy
         self.own = own
         self.lister = lister
+        self.clock = clock
         self._lock = threading.Lock()
         self._logged: set[str] = set()
+        # (GPU UUID, pod) -> when the pod was last seen given the GPU with no process on it yet,
+        # or with one running: an allocation idle longer than kubelet_stale_after is finished.
+        self._quiet_since: dict[tuple[str, str], float] = {}
+        self._finished_logged: set[tuple[str, str]] = set()
 
     def read(self) -> list[idle.GpuReading]:
         readings = self.source.read()
@@ -129,7 +137,48 @@ class KubeletGuard:
         except DecodeError as exc:
             return self._failed(readings, f"{socket}: unreadable answer: {exc}")
         self._answered(socket)
-        return idle.with_allocations(readings, gpu_allocations(pods, self.own))
+        given = idle.with_allocations(readings, gpu_allocations(pods, self.own))
+        return self._without_finished(given)
+
+    def _without_finished(self, readings: list[idle.GpuReading]) -> list[idle.GpuReading]:
+        """Readings whose allocation has outlived any sign of its pod: a pod listed with a GPU
+        but no process on it for kubelet_stale_after seconds is taken as finished (some kubelets
+        list pods in a terminal phase, kubernetes issue 119423). A process on the GPU, or a new
+        allocation, starts the count again."""
+        stale_after = self.policy().kubelet_stale_after
+        now = self.clock()
+        out, seen = [], set()
+        with self._lock:
+            for reading in readings:
+                pod = reading.allocated_to
+                if pod is None:
+                    out.append(reading)
+                    continue
+                key = (reading.uuid, pod)
+                seen.add(key)
+                if reading.compute_pids or key not in self._quiet_since:
+                    self._quiet_since[key] = now
+                quiet = now - self._quiet_since[key]
+                if stale_after and quiet >= stale_after:
+                    self._note_finished(key, reading, quiet)
+                    reading = dataclasses.replace(reading, allocated_to=None)
+                out.append(reading)
+            for key in set(self._quiet_since) - seen:
+                del self._quiet_since[key]
+            self._finished_logged &= seen
+        return out
+
+    def _note_finished(self, key: tuple[str, str], reading: idle.GpuReading, quiet: float) -> None:
+        """Said once per allocation (the caller holds the lock)."""
+        if key not in self._finished_logged:
+            self._finished_logged.add(key)
+            log.info(
+                "kubelet pod-resources: %s given to %s with no process on it for %.0f s: taken "
+                "as a finished pod (idle.kubelet_stale_after); it may be probed",
+                reading.name(),
+                key[1],
+                quiet,
+            )
 
     def _failed(self, readings: list[idle.GpuReading], error: str) -> list[idle.GpuReading]:
         with self._lock:

@@ -60,7 +60,7 @@ def build_spec(
         len(devices) if backend == "nccl" else (probe.ranks or node.ranks or 2)
     )
     local = placement.local_ranks if placement.local_ranks is not None else tuple(range(ranks))
-    env = {**variant_env(path), **placement.env, **node.env, **probe.env}
+    env = {**variant_env(path, probe.op), **placement.env, **node.env, **probe.env}
     spec = ProbeSpec(
         op=probe.op,
         sizes=probe.sizes,
@@ -74,6 +74,7 @@ def build_spec(
         backend=backend,
         ranks=ranks,
         devices=devices,
+        cuda_devices=tuple(uuid_of(topology, d) or d for d in devices) if backend == "nccl" else (),
         env=env,
         check=probe.check,
         timeout=probe.timeout,
@@ -150,6 +151,12 @@ def gpu_index(topology: Topology | None, device: str) -> int | None:
         return int(device) if int(device) in topology.indices else None
     found = [g.index for g in topology.gpus if g.uuid and g.uuid == device]
     return found[0] if found else None
+
+
+def uuid_of(topology: Topology | None, device: str) -> str | None:
+    """The UUID NVML gave the GPU, for CUDA_VISIBLE_DEVICES: a name CUDA cannot renumber."""
+    index = gpu_index(topology, device)
+    return None if topology is None or index is None else topology.gpu(index).uuid
 
 
 def all_nvlink_between(topology: Topology | None, devices: Sequence[str]) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 import netmon
 from netmon import bandwidth
 from netmon.probe import nccl_debug
+from netmon.probe.debugenv import debug_env
 from netmon.probe.processes import (
     describe_status,
     exit_status,
@@ -115,7 +116,7 @@ class Launcher:
         self._ranks: list[_Rank] = []
         self._results: list[SizeResult] = []
         self._env_report: dict[str, Any] = {}
-        self._peak_memory: int | None = None
+        self._peaks: dict[str, int] = {}  # "mem" (device) and "rss" (host): the max over ranks
         self._collective_s = 0.0
         self._candidates: list[_Candidate] = []
         self._start = 0.0
@@ -148,7 +149,8 @@ class Launcher:
             started_at=started_at,
             wall_s=time.monotonic() - self._start,
             collective_s=self._collective_s,
-            peak_device_memory_bytes=self._peak_memory,
+            peak_device_memory_bytes=self._peaks.get("mem"),
+            peak_host_memory_bytes=self._peaks.get("rss"),
             transports=transports,
             transport_faults=faults,
         )
@@ -161,12 +163,14 @@ class Launcher:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         if self.spec.backend == "nccl":
             if self.spec.devices:
-                env["CUDA_VISIBLE_DEVICES"] = self.spec.devices[rank]
-            if "NCCL_DEBUG" not in self.spec.env_dict():
-                # Only NCCL's own log shows the transport used (docs/FACTS.md, "Transport log").
-                env["NCCL_DEBUG"] = "INFO"
-                env["NCCL_DEBUG_SUBSYS"] = "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"
-                env["NCCL_DEBUG_FILE"] = str(self._workdir / f"nccl.rank{rank}.%h.%p.log")
+                # The GPU found idle, by UUID where NVML gave one; an index left as such counts
+                # in PCI bus order, NVML's, never CUDA's default fastest-first (docs/FACTS.md).
+                env["CUDA_VISIBLE_DEVICES"] = (self.spec.cuda_devices or self.spec.devices)[rank]
+                env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            # Only NCCL's own log shows the transport used (docs/FACTS.md, "Transport log"); an
+            # operator's NCCL_DEBUG settings, in netmon's environment or the spec's, are kept.
+            log_file = str(self._workdir / f"nccl.rank{rank}.%h.%p.log")
+            env.update(debug_env({**env, **self.extra_env, **self.spec.env_dict()}, log_file))
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank must never create a CUDA context
             if is_loopback(self.spec.host):
@@ -294,9 +298,8 @@ class Launcher:
             self._env_report = event
         elif kind == "size":
             self._record_size(event)
-        elif kind == "mem":
-            peak = int(event["peak_bytes"])
-            self._peak_memory = max(self._peak_memory or 0, peak)
+        elif kind in ("mem", "rss"):
+            self._peaks[kind] = max(self._peaks.get(kind, 0), int(event["peak_bytes"]))
         elif kind == "error":
             entry.error = event
             self._blame(

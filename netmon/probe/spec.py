@@ -80,6 +80,9 @@ class ProbeSpec(_Frozen):
     backend: Backend = "gloo"
     ranks: int = Field(2, ge=1, le=1024)
     devices: tuple[str, ...] = Field((), description="GPU index or UUID per rank (nccl)")
+    # What each rank's CUDA_VISIBLE_DEVICES names: the GPU's UUID where NVML gave one (probe.build),
+    # so that CUDA's own numbering can never put a rank on another GPU than the one found idle.
+    cuda_devices: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     check: bool = False
     timeout: float = Field(300.0, gt=0, description="seconds for the whole probe")
@@ -93,8 +96,9 @@ class ProbeSpec(_Frozen):
     reporters: tuple[int, ...] = (0,)
     # The path variant this spec runs (probe.paths): a label for results, env set by the caller.
     path: str = "default"
-    # What the NCCL transport log must show (nvlink, pcie or any); only judged with nccl.
-    intent: Literal["nvlink", "pcie", "any"] = "any"
+    # What the NCCL transport log must show (nvlink, pcie or any; across nodes net_ib, net_socket
+    # or net, from a group's `transport`: netmon.probe.crossnode); only judged with nccl.
+    intent: Literal["nvlink", "pcie", "any", "net_ib", "net_socket", "net"] = "any"
 
     @field_validator("sizes", mode="before")
     @classmethod
@@ -138,6 +142,8 @@ class ProbeSpec(_Frozen):
     def _consistent(self) -> ProbeSpec:
         if self.devices and len(self.devices) != self.ranks:
             raise ValueError(f"{len(self.devices)} devices given for {self.ranks} ranks")
+        if self.cuda_devices and len(self.cuda_devices) != len(self.devices):
+            raise ValueError("cuda_devices must name one GPU per device")
         if self.op == "sendrecv" and self.ranks < 2:
             raise ValueError("sendrecv needs at least 2 ranks")
         return self
@@ -220,7 +226,16 @@ class ProbeEnvironment(_Frozen):
 
 
 FailureCause = Literal[
-    "timeout", "exit", "signal", "exception", "spawn", "cancelled", "check", "internal"
+    "timeout",
+    "exit",
+    "signal",
+    "exception",
+    "spawn",
+    "cancelled",
+    "check",
+    "internal",
+    # NCCL carried a group round between nodes on another network than the group declares.
+    "transport_mismatch",
 ]
 
 
@@ -263,6 +278,8 @@ class ProbeOutcome(_Frozen):
     wall_s: float  # whole run, process start to last reap
     collective_s: float = 0.0  # time inside timed collectives, summed over sizes
     peak_device_memory_bytes: int | None = None
+    # The largest peak resident host memory of a rank (its ru_maxrss), torch's footprint included.
+    peak_host_memory_bytes: int | None = None
     # Transport classes the ranks used (from NCCL_DEBUG=INFO; "gloo" for CPU ranks), and the
     # ways they contradict the spec's intent (netmon.probe.nccl_debug.REASONS).
     transports: tuple[str, ...] = ()

@@ -29,6 +29,7 @@ from netmon.exposition.collector import SnapshotPage
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
 from netmon.gpu import idle
+from netmon.gpu.fabric import FabricReading
 from netmon.group.auth import Sealer, group_secret
 from netmon.group.link import GroupError, GroupLink
 from netmon.group.members import bind_address, identify_self, member_port
@@ -116,6 +117,17 @@ def _topology(config: NetmonConfig) -> Topology | None:
         return None
 
 
+def _fabric() -> tuple[FabricReading, ...]:
+    """The node's NVLink fabric (whether nvls can run); empty, so nvls is skipped, without it."""
+    from netmon.gpu.nvml import read_fabric
+
+    try:
+        return read_fabric()
+    except idle.IdleSourceError as exc:
+        log.warning("no NVLink fabric state from NVML (%s): the nvls path is skipped", exc)
+        return ()
+
+
 def _check_specs(config: NetmonConfig, topology: Topology | None) -> None:
     """Every local probe must make a runnable spec on this node ({numa} needs a NUMA node for
     every GPU): said once at start or reload, not as a failure at every run."""
@@ -172,6 +184,7 @@ class Daemon:
             from netmon.gpu.nvml import read_link_health
 
             self.runner.link_health_reader = read_link_health
+            self.runner.fabric = _fabric()
         self.scheduler = self._scheduler()
         self.link: GroupLink | None = None
         self.coordinator: Coordinator | None = None

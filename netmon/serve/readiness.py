@@ -88,6 +88,10 @@ class Readiness:
         self.idle_source = idle_source
         self.stopping = stopping
         self.foreign_check_s = FOREIGN_CHECK_S
+        # GPUs on which a job appeared while we probed them: off limits to every probe and every
+        # launcher at once, until the full idle check of a later claim finds them idle again.
+        self._preempted: dict[str, str] = {}
+        self._preempted_lock = threading.Lock()
 
     def paused(self) -> bool:
         pause = self.current.get().pause_file
@@ -113,31 +117,65 @@ class Readiness:
             if not found.idle:
                 yield Decision(False, found.reason or "gpu_unknown", found.detail)
                 return
+            self._forgive(devices)
             yield Decision(True)
 
+    def preempted(self) -> dict[str, str]:
+        """GPUs a job took from a probe (device -> what was seen), until found idle again."""
+        with self._preempted_lock:
+            return dict(self._preempted)
+
+    def _mark_preempted(self, found: dict[str, str]) -> None:
+        with self._preempted_lock:
+            self._preempted.update(found)
+
+    def _forgive(self, devices: Sequence[str]) -> None:
+        with self._preempted_lock:
+            for device in devices:
+                self._preempted.pop(device, None)
+
     def abort_check(self, devices: Sequence[str]) -> AbortCheck:
-        """Stop for shutdown, pause, or a foreign process on our GPUs or a pod given one (NVML
-        and, when configured, the kubelet; at most once per foreign_check_s)."""
+        """Stop for shutdown, pause, or a job on our GPUs: a foreign process, or a pod the
+        kubelet gave one to. NVML is read at most once per foreign_check_s by each check, and
+        what it finds is remembered for every probe: a GPU once taken stops every launcher on it
+        at its next poll, and no later path, pair or round starts on it until a claim's full idle
+        check finds it idle again."""
         next_look = [time.monotonic() + self.foreign_check_s]
+        mine = frozenset(devices)
 
         def abort() -> str | None:
             if self.stopping.is_set():
                 return "shutdown"
             if self.paused():
                 return "paused"
-            if devices and time.monotonic() >= next_look[0]:
+            if not mine:
+                return None
+            if mine & self.preempted().keys():
+                return "preempted"
+            if time.monotonic() >= next_look[0]:
                 next_look[0] = time.monotonic() + self.foreign_check_s
-                try:
-                    reading = self.idle_source.read()
-                except Exception:  # NVML hiccup: keep probing; the next look may succeed
-                    return None
-                if idle.foreign_processes(reading, devices, own_processes()):
-                    return "preempted"
-                if idle.allocated_devices(reading, devices):
+                taken = self._taken(devices)
+                if taken:
+                    self._mark_preempted(taken)
                     return "preempted"
             return None
 
         return abort
+
+    def _taken(self, devices: Sequence[str]) -> dict[str, str]:
+        """Devices a job holds now, by NVML and the kubelet; nothing when NVML cannot answer
+        (a hiccup must not stop a probe: the next look may succeed)."""
+        try:
+            reading = self.idle_source.read()
+        except Exception:
+            return {}
+        taken = {
+            device: f"process {', '.join(map(str, pids))}"
+            for device, pids in idle.foreign_processes(reading, devices, own_processes()).items()
+        }
+        for device, pod in idle.allocated_devices(reading, devices).items():
+            taken.setdefault(device, f"given to {pod}")
+        return taken
 
 
 def own_processes() -> set[int]:

@@ -7,6 +7,7 @@ never raises into the scheduler: every way a run can end is a counted skip or fa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import threading
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
+from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.logs import event
 from netmon.probe.build import build_spec, gpu_index
@@ -26,6 +28,7 @@ from netmon.probe.pairs import (
     run_pair_rounds,
     verdict_at_largest,
 )
+from netmon.probe.paths import SKIP_REASON, unsupported
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.verdict import Pair
 from netmon.serve.current import CurrentConfig
@@ -54,7 +57,11 @@ class ProbeRunner:
         self.readiness = readiness
         self.launcher = launcher
         self.topology: Topology | None = None
+        # NVML's NVLink fabric state of the node (nvls needs NVSwitch multicast); None on CPU
+        # ranks, empty where NVML gave none. Read once by the daemon.
+        self.fabric: tuple[FabricReading, ...] | None = None
         self.link_health_reader: Callable[[bool], LinkHealth] | None = None
+        self._nccl = ""  # the NCCL version the last ranks reported (path variants need 2.24)
 
     def run(self, name: str) -> None:
         probe = self.current.probe(name)
@@ -90,6 +97,11 @@ class ProbeRunner:
         for path in probe.paths:
             if abort() is not None and path != probe.paths[0]:
                 break
+            fabric = self.fabric if spec.backend == "nccl" else None
+            why = unsupported(path, probe.op, fabric, devices=spec.devices, nccl=self._nccl)
+            if why is not None:
+                self._skip(probe, SKIP_REASON, f"path {path}: {why}")
+                continue
             variant = build_spec(probe, config, path=path, topology=self.topology)
             self.results.started(probe.name)
             launcher = self.launcher(
@@ -99,6 +111,7 @@ class ProbeRunner:
                 on_event=self._on_measure(variant),
             )
             outcome = launcher.run()
+            self._nccl = (outcome.environment and outcome.environment.nccl) or self._nccl
             self.results.finished(probe, outcome, path)
             self._log_outcome(probe, outcome, path)
 
@@ -145,23 +158,32 @@ class ProbeRunner:
         return None
 
     def _on_measure(self, spec: ProbeSpec) -> Callable[[str, dict[str, Any]], None] | None:
-        """Read link health once traffic flows: an idle GPU lowers its PCIe generation."""
+        """Read link health while the largest size is being measured. Only a pcie-path probe
+        sends its traffic over PCIe (the default path takes NVLink where there is one), and an
+        idle link lowers its generation to save power: so only a pcie-path reading that ended
+        while the traffic still flowed is taken as under load; any other is an idle reading."""
         if self.link_health_reader is None or spec.backend != "nccl":
             return None
-        reader = self.link_health_reader
-        taken = threading.Event()
+        reader, largest = self.link_health_reader, max(spec.sizes)
+        taken, traffic_over = threading.Event(), threading.Event()
+
+        def read() -> None:
+            try:
+                health = reader(spec.path == "pcie")
+                if health.under_load and traffic_over.is_set():
+                    health = dataclasses.replace(health, under_load=False)  # read too late
+                self.results.set_link_health(health)
+            except Exception as exc:  # NVML trouble must never touch the probe
+                log.debug("link health read failed: %s", exc)
 
         def on_event(kind: str, fields: dict[str, Any]) -> None:
-            if kind == "phase" and fields.get("phase") == "measure" and not taken.is_set():
-                taken.set()
-
-                def read() -> None:
-                    try:
-                        self.results.set_link_health(reader(True))
-                    except Exception as exc:  # NVML trouble must never touch the probe
-                        log.debug("link health read failed: %s", exc)
-
-                threading.Thread(target=read, name="link-health", daemon=True).start()
+            size = fields.get("size", fields.get("size_bytes"))
+            if kind == "phase" and fields.get("phase") == "measure" and size == largest:
+                if not taken.is_set():
+                    taken.set()
+                    threading.Thread(target=read, name="link-health", daemon=True).start()
+            elif taken.is_set() and (kind == "size" or fields.get("phase") != "measure"):
+                traffic_over.set()
 
         return on_event
 
