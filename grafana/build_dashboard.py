@@ -5,7 +5,8 @@
 
 The dashboard takes its Prometheus data source from the `datasource` variable, never a fixed UID,
 so it imports and provisions into any Grafana. Every query is evaluated against a real
-Prometheus by tests/test_dashboard_queries.py; docs/DASHBOARD.md walks through the panels.
+Prometheus by tests/test_dashboard_queries.py; tests/test_dashboard.py checks the filters, the
+cell colours and that the JSON is this script's output; docs/DASHBOARD.md walks through the panels.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ OUTPUT = Path(__file__).resolve().parent / "dashboards" / "netmon.json"
 UID = "netmon-interconnects"
 DS: Json = {"type": "prometheus", "uid": "${datasource}"}
 
-# Label filters from the dashboard variables.
-NODE = 'instance=~"$instance"'
-PROBE = 'instance=~"$instance", probe=~"$probe"'
-GPU = 'instance=~"$instance", gpu=~"$gpu"'
-PAIR = 'instance=~"$instance", probe=~"$probe", gpu=~"$gpu"'
+# Label filters from the dashboard variables. Every selector starts with SCOPE: one Prometheus
+# may hold several clusters (a `cluster` target label, absent on a single-cluster scrape, hence
+# its All value `.*`) and several jobs scraping netmon (tests/test_dashboard.py checks it).
+SCOPE = 'cluster=~"$cluster", job=~"$job"'
+NODE = f'{SCOPE}, instance=~"$instance"'
+PROBE = f'{NODE}, probe=~"$probe"'
+GPU = f'{NODE}, gpu=~"$gpu"'
+PAIR = f'{NODE}, probe=~"$probe", gpu=~"$gpu"'
 
 GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
 
@@ -55,6 +59,24 @@ def dashed(ref: str, color: str) -> Json:
             {"id": "color", "value": {"mode": "fixed", "fixedColor": color}},
         ],
     }
+
+
+def field(matcher: str, options: str, properties: list[Json]) -> Json:
+    """A field override: properties for the fields a matcher picks (byName, byType...)."""
+    return {"matcher": {"id": matcher, "options": options}, "properties": properties}
+
+
+def colored_cells(steps: Json, unit: str, mapping: list[Json] | None = None) -> list[Json]:
+    """Override properties that colour a table column's cells by thresholds (or mapping)."""
+    properties: list[Json] = [
+        {"id": "unit", "value": unit},
+        {"id": "color", "value": {"mode": "thresholds"}},
+        {"id": "thresholds", "value": steps},
+        {"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}},
+    ]
+    if mapping is not None:
+        properties.append({"id": "mappings", "value": mapping})
+    return properties
 
 
 def state_mapping(zero: tuple[str, str], one: tuple[str, str]) -> list[Json]:
@@ -213,20 +235,17 @@ def table(
     targets: list[Json],
     transformations: list[Json],
     unit: str = "none",
-    steps: Json | None = None,
-    colored: bool = False,
-    mapping: list[Json] | None = None,
+    overrides: list[Json] | None = None,
     sort_by: str | None = None,
 ) -> Json:
+    # No colour by default: defaults reach every column, labels included, and a ratio's
+    # thresholds on a 0/1 column paint a healthy 0 red. A column is coloured only by an override
+    # that names it (colored_cells).
     defaults: Json = {
         "unit": unit,
-        "color": {"mode": "thresholds"},
-        "thresholds": steps or thresholds((None, GREEN)),
         "custom": {"align": "auto", "cellOptions": {"type": "auto"}},
-        "mappings": mapping or [],
+        "mappings": [],
     }
-    if colored:
-        defaults["custom"]["cellOptions"] = {"type": "color-background", "mode": "basic"}
     options: Json = {"showHeader": True, "cellHeight": "sm"}
     if sort_by:
         options["sortBy"] = [{"displayName": sort_by, "desc": False}]
@@ -237,17 +256,21 @@ def table(
         "datasource": DS,
         "targets": targets,
         "transformations": transformations,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
         "options": options,
     }
 
 
-def hide_columns(*extra: str) -> Json:
+def hide_columns(*extra: str, rename: dict[str, str] | None = None) -> Json:
     names = {name: True for name in ("Time", "__name__", "job", *extra)}
-    return {"id": "organize", "options": {"excludeByName": names}}
+    options: Json = {"excludeByName": names}
+    if rename:
+        options["renameByName"] = rename
+    return {"id": "organize", "options": options}
 
 
 RATIO_STEPS = thresholds((None, RED), (0.7, YELLOW), (0.9, GREEN))
+SUSPECT_STEPS = thresholds((None, GREEN), (1, RED))
 SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}}"
 
 
@@ -297,7 +320,8 @@ def panels() -> list[Json]:
             "Alerts of deploy/prometheus/netmon-rules.yaml that fire now.",
             [
                 target(
-                    'count(ALERTS{alertstate="firing", alertname=~"Netmon.*"}) or vector(0)',
+                    f'count(ALERTS{{{SCOPE}, alertstate="firing", alertname=~"Netmon.*"}})'
+                    " or vector(0)",
                     instant=True,
                 )
             ],
@@ -484,25 +508,37 @@ def panels() -> list[Json]:
                 "options": {"columnField": "peer_gpu", "rowField": "gpu", "valueField": "Value"},
             }
         ],
-        unit="percentunit",
-        steps=RATIO_STEPS,
-        colored=True,
+        # The numeric columns are the peers' ratios; the first column names the row's GPU.
+        overrides=[field("byType", "number", colored_cells(RATIO_STEPS, "percentunit"))],
     )
     matrix.update({"repeat": "instance", "repeatDirection": "h", "maxPerRow": 2})
     layout.add(matrix, w=12, h=9)
     layout.add(
         table(
             "GPU pairs, worst first",
-            "Pairs by their ratio to the path-class median; suspect = 1 when netmon names the "
-            "pair.",
+            "Pairs by their ratio to the path-class median (coloured: under 70 % red, under "
+            "90 % yellow); suspect: ok, or suspect when netmon names the pair.",
             [
                 target(f"netmon_link_busbw_ratio{{{PAIR}}}", instant=True, table=True),
                 target(f"netmon_link_suspect{{{PAIR}}}", ref="B", instant=True, table=True),
             ],
-            [{"id": "merge", "options": {}}, hide_columns()],
-            steps=RATIO_STEPS,
-            colored=True,
-            sort_by="Value #A",
+            [
+                {"id": "merge", "options": {}},
+                hide_columns(rename={"Value #A": "ratio", "Value #B": "suspect"}),
+            ],
+            # Each value column its own colours: the ratio's thresholds on the 0/1 suspect
+            # column painted a healthy pair (0) red and a suspect one (1) green.
+            overrides=[
+                field("byName", "ratio", colored_cells(RATIO_STEPS, "percentunit")),
+                field(
+                    "byName",
+                    "suspect",
+                    colored_cells(
+                        SUSPECT_STEPS, "none", state_mapping(("ok", GREEN), ("suspect", RED))
+                    ),
+                ),
+            ],
+            sort_by="ratio",
         ),
         w=12,
         h=9,
@@ -901,7 +937,7 @@ def panels() -> list[Json]:
     return layout.panels
 
 
-def query_variable(name: str, label: str, query: str) -> Json:
+def query_variable(name: str, label: str, query: str, all_value: str = ".+") -> Json:
     return {
         "name": name,
         "label": label,
@@ -912,7 +948,7 @@ def query_variable(name: str, label: str, query: str) -> Json:
         "refresh": 2,  # on time range change: nodes come and go
         "includeAll": True,
         "multi": True,
-        "allValue": ".+",
+        "allValue": all_value,
         "current": {},
         "sort": 3,  # numerical, so GPU 10 follows GPU 9
         "regex": "",
@@ -971,7 +1007,17 @@ def dashboard() -> Json:
                     "regex": "",
                     "hide": 0,
                 },
-                query_variable("instance", "Node", "label_values(netmon_build_info, instance)"),
+                # cluster is a target label a scrape may not set: All is `.*`, which also
+                # matches series without it.
+                query_variable(
+                    "cluster", "Cluster", "label_values(netmon_build_info, cluster)", ".*"
+                ),
+                query_variable(
+                    "job", "Job", 'label_values(netmon_build_info{cluster=~"$cluster"}, job)'
+                ),
+                query_variable(
+                    "instance", "Node", f"label_values(netmon_build_info{{{SCOPE}}}, instance)"
+                ),
                 query_variable(
                     "gpu",
                     "GPU",

@@ -33,6 +33,8 @@ SUBSTITUTIONS = {
     "$__rate_interval": "1m",
     "$__interval": "15s",
     "$__range": "1h",
+    "$cluster": ".*",
+    "$job": ".+",
     "$instance": ".+",
     "$gpu": ".+",
     "$probe": ".+",

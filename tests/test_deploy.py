@@ -28,6 +28,8 @@ DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "netmon-rules.yaml"
 RULE_TESTS = DEPLOY / "prometheus" / "netmon-rules.test.yaml"
 KUBERNETES = DEPLOY / "kubernetes"
+# The node-group variant over InfiniBand or RoCE: an overlay of KUBERNETES (docs/DEPLOY.md).
+KUBERNETES_RDMA = DEPLOY / "kubernetes-rdma"
 COMPOSE = DEPLOY / "compose"
 SLURM = DEPLOY / "slurm"
 
@@ -109,11 +111,9 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 def test_every_alert_carries_a_severity_and_a_runbook() -> None:
     for name, rule in alerts().items():
         assert name.startswith("Netmon"), name
-        assert rule["labels"]["severity"] in ("warning", "critical"), name
-        annotations = rule["annotations"]
-        assert set(annotations) >= {"summary", "description", "runbook"}, name
-        steps = [line for line in annotations["runbook"].splitlines() if line[:2] == "1."]
-        assert steps, f"{name}: the runbook has no numbered steps"
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        # The runbooks are sections of docs/RUNBOOK.md now: tests/test_alerts.py checks them.
+        assert set(rule["annotations"]) >= {"summary", "description", "runbook_url"}, name
 
 
 def _matching_labels(expr: str) -> Iterator[tuple[str, list[str]]]:
@@ -340,6 +340,85 @@ def test_the_daemonset_runs_with_least_privilege_and_no_gpu_allocation() -> None
     assert mounts["/var/lib/kubelet/pod-resources"]["readOnly"] is True
     assert mounts["/run/netmon"]["readOnly"] is True
     assert {"/var/lib/netmon", "/tmp"} <= set(mounts), "writable state and scratch"
+
+
+def rdma_variant() -> list[dict[str, Any]]:
+    kubectl = tool("kubectl", "kubectl (Kubernetes' client; kubectl kustomize needs no cluster)")
+    return list(yaml.safe_load_all(run(kubectl, "kustomize", str(KUBERNETES_RDMA))))
+
+
+def test_the_rdma_variant_builds_and_validates_against_the_api_schemas(tmp_path: Path) -> None:
+    validate = tool("kubernetes-validate", "pip install -e '.[dev]' (kubernetes-validate)")
+    built = rdma_variant()
+    base = sorted(d["kind"] for _, d in manifests() if d["kind"] != "Kustomization")
+    assert sorted(d["kind"] for d in built) == base, "the overlay changes objects, adds none"
+    (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert {c["image"] for c in pod["containers"] + pod["initContainers"]} == {"netmon:0.1.0"}
+    # As for the base: built-in API groups against the schemas (the CRDs have none there).
+    files = []
+    for index, document in enumerate(built):
+        if "." not in document["apiVersion"].split("/")[0]:
+            files.append(tmp_path / f"{index}-{document['kind'].lower()}.yaml")
+            files[-1].write_text(yaml.safe_dump(document))
+    assert {f.name.split("-", 1)[1] for f in files} == {
+        "namespace.yaml",
+        "configmap.yaml",
+        "daemonset.yaml",
+        "service.yaml",
+    }
+    output = run(validate, "--strict", *map(str, files))
+    for path in files:
+        assert f"{path.name} passed" in output, output
+
+
+def test_the_rdma_variant_adds_only_what_rdma_needs() -> None:
+    built = rdma_variant()
+    (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
+    assert pod["automountServiceAccountToken"] is False and not pod.get("hostIPC")
+    assert pod["nodeSelector"]["netmon/group"] == "rack-a"
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    # IPC_LOCK and nothing else; root only so that the capability survives exec into the ranks.
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert security["runAsUser"] == 0 and not security.get("privileged")
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    for init in pod["initContainers"]:
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert init["command"] == ["chown", "0:0", "/var/lib/netmon"], "owned by who writes it"
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    # The RDMA device nodes come from the NVIDIA runtime, with their device-cgroup permission;
+    # a hostPath of /dev/infiniband would show the nodes but not let a process open them.
+    env = [e["name"] for e in container["env"]]
+    values = {e["name"]: e for e in container["env"]}
+    assert values["NVIDIA_MOFED"]["value"] == "enabled"
+    assert values["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    hostpaths = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert not [path for path in hostpaths if path.startswith("/dev")], hostpaths
+    # $(NODE_NAME) expands only from a variable defined earlier in the list.
+    assert values["NETMON_GROUP__SELF"]["value"] == "$(NODE_NAME):29400"
+    assert env.index("NODE_NAME") < env.index("NETMON_GROUP__SELF")
+    assert values["NETMON_GROUP__BIND"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    # The configuration: a group that declares IB between its nodes, its secret mounted.
+    (config_map,) = [d for d in built if d["kind"] == "ConfigMap"]
+    config = parse_config(yaml.safe_load(config_map["data"]["netmon.yaml"]), "rdma ConfigMap")
+    assert config.group is not None and config.group.transport == "ib"
+    assert config.listen_host == "0.0.0.0" and str(config.pause_file) == "/run/netmon/pause"
+    assert str(config.state_dir) == "/var/lib/netmon"
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert config.group.secret_file is not None
+    secret_dir = mounts[str(config.group.secret_file.parent)]
+    assert secret_dir["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[secret_dir["name"]]["secret"]["secretName"] == "netmon-group"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {int(m.rpartition(":")[2]) for m in config.group.members} == {ports["group"]}
+    assert ports["metrics"] == config.listen_port
+    assert {p.scope for p in config.probes or ()} >= {"group_one_gpu", "node_pairs"}
 
 
 def test_the_shipped_netmon_configurations_are_valid() -> None:
