@@ -1,4 +1,4 @@
-"""tests.nccl_tests against published nccl-tests output (tests/fixtures/nccl_tests_* and the
+"""netmon.probe.nccl_tests against published nccl-tests output (tests/fixtures/nccl_tests_* and the
 all_reduce_perf table inside nccl_info_2node_p5_*, see tests/fixtures/SOURCES.md), and the
 cross-check of netmon.bandwidth's algbw/busbw definitions against every published row."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import nccl_tests as nt
+from netmon.probe import nccl_tests as nt
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

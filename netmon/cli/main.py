@@ -1,5 +1,5 @@
 """`netmon`: the parser of every subcommand, `serve` and `check-config`, and the exit codes
-(netmon.cli); `probe` and `topo` have modules of their own."""
+(netmon.cli); `probe`, `topo` and `selftest` have modules of their own."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import netmon
-from netmon.cli import EXIT_OK, EXIT_USAGE, probe_command, topo_command
+from netmon.cli import EXIT_OK, EXIT_USAGE, probe_command, selftest_command, topo_command
 from netmon.errors import UsageError
 
 
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_command.add_parser(commands)
     _add_daemon_parsers(commands)
     topo_command.add_parser(commands)
+    selftest_command.add_parser(commands)
     return parser
 
 

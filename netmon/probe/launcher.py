@@ -31,6 +31,7 @@ from netmon import bandwidth
 from netmon.probe import nccl_debug
 from netmon.probe.debugenv import debug_env
 from netmon.probe.processes import (
+    RankProcess,
     describe_status,
     exit_status,
     is_loopback,
@@ -56,25 +57,6 @@ TERM_GRACE_S = 2.0
 # peers raise "connection closed" a moment later, and the signal is the real cause.
 BLAME_WINDOW_S = 0.3
 POLL_S = 0.05
-
-
-@dataclass
-class _Rank:
-    rank: int
-    proc: subprocess.Popen[bytes]
-    stderr_path: Path
-    phase: Phase = "spawn"
-    phase_since: float = 0.0
-    size: int | None = None
-    sizes_done: int = 0
-    last_heard: float = 0.0
-    hello: bool = False
-    done: bool = False
-    exit_status: int | None = None  # >= 0 exit code, < 0 minus the signal number
-    error: dict[str, Any] | None = None
-    buffer: bytes = b""
-    eof: bool = False
-    reaped: bool = False
 
 
 @dataclass(order=True)
@@ -113,10 +95,11 @@ class Launcher:
             raise ValueError("rank 0 runs elsewhere: a port_source is needed")
         self.port_source = port_source
         self._port_sent = 0 in self.local_ranks
-        self._ranks: list[_Rank] = []
+        self._ranks: list[RankProcess] = []
         self._results: list[SizeResult] = []
         self._env_report: dict[str, Any] = {}
         self._peaks: dict[str, int] = {}  # "mem" (device) and "rss" (host): the max over ranks
+        self._gpus: dict[int, str] = {}  # rank -> the GPU its CUDA opened
         self._collective_s = 0.0
         self._candidates: list[_Candidate] = []
         self._start = 0.0
@@ -203,7 +186,7 @@ class Launcher:
             except (OSError, ValueError) as exc:
                 return ProbeFailure(phase="spawn", rank=rank, cause="spawn", detail=str(exc))
             now = time.monotonic()
-            entry = _Rank(rank, proc, stderr_path, phase_since=now, last_heard=now)
+            entry = RankProcess(rank, proc, stderr_path, phase_since=now, last_heard=now)
             self._ranks.append(entry)
             self.pids.append(proc.pid)
             assert proc.stdout is not None
@@ -211,7 +194,7 @@ class Launcher:
             self._write(entry, {"spec": spec_json, "rank": rank})
         return None
 
-    def _write(self, entry: _Rank, message: dict[str, Any]) -> None:
+    def _write(self, entry: RankProcess, message: dict[str, Any]) -> None:
         assert entry.proc.stdin is not None
         try:
             entry.proc.stdin.write((json.dumps(message) + "\n").encode())
@@ -258,7 +241,7 @@ class Launcher:
         for entry in self._ranks:
             self._write(entry, {"port": port})
 
-    def _read(self, entry: _Rank, selector: selectors.BaseSelector) -> None:
+    def _read(self, entry: RankProcess, selector: selectors.BaseSelector) -> None:
         assert entry.proc.stdout is not None
         try:
             chunk = os.read(entry.proc.stdout.fileno(), 65536)
@@ -275,7 +258,7 @@ class Launcher:
             if line.strip():
                 self._handle(entry, line)
 
-    def _handle(self, entry: _Rank, line: bytes) -> None:
+    def _handle(self, entry: RankProcess, line: bytes) -> None:
         try:
             event = json.loads(line)
         except ValueError:
@@ -300,6 +283,8 @@ class Launcher:
             self._record_size(event)
         elif kind in ("mem", "rss"):
             self._peaks[kind] = max(self._peaks.get(kind, 0), int(event["peak_bytes"]))
+        elif kind == "gpu":
+            self._gpus[entry.rank] = str(event["uuid"])
         elif kind == "error":
             entry.error = event
             self._blame(
@@ -411,20 +396,20 @@ class Launcher:
             detail=self._timeout_detail(culprit, now),
         )
 
-    def _culprit(self, now: float) -> _Rank:
+    def _culprit(self, now: float) -> RankProcess:
         """The rank that holds the others up: stopped or silent first, then the least advanced.
 
         It need not be a late rank itself: a stopped rank keeps its peers waiting in a collective.
         """
 
-        def progress(entry: _Rank) -> tuple[int, int, int]:
+        def progress(entry: RankProcess) -> tuple[int, int, int]:
             state = process_state(entry.proc.pid)
             frozen = state in ("T", "t") or now - entry.last_heard > 2.0
             return (0 if frozen else 1, PHASES.index(entry.phase), entry.sizes_done)
 
         return min(self._ranks, key=lambda entry: (progress(entry), entry.rank))
 
-    def _timeout_detail(self, entry: _Rank, now: float) -> str:
+    def _timeout_detail(self, entry: RankProcess, now: float) -> str:
         waited = now - entry.phase_since
         where = f" at {bandwidth.format_size(entry.size)}B" if entry.size else ""
         state = process_state(entry.proc.pid)
@@ -442,7 +427,7 @@ class Launcher:
 
     # ---- teardown ----
 
-    def _alive(self) -> list[_Rank]:
+    def _alive(self) -> list[RankProcess]:
         return [e for e in self._ranks if not e.reaped and exit_status(e.proc.pid) is None]
 
     def _signal_groups(self, signum: int) -> None:
@@ -490,6 +475,7 @@ class Launcher:
             host=socket.gethostname(),
             python=report.get("python"),
             devices=tuple(self.spec.devices) or devices,
+            cuda_uuids=tuple(self._gpus.get(r, "") for r in range(self.spec.ranks)),
         )
 
 

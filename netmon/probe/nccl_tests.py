@@ -2,7 +2,8 @@
 
 Published tables are the ground truth netmon's own numbers must agree with: `row_problems`
 re-derives algbw and busbw from each printed row with netmon.bandwidth and says where they differ
-by more than the printed rounding allows.
+by more than the printed rounding allows, and `netmon selftest` reads all_reduce_perf's own run
+with `parse_table` to hold netmon's busbw against it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,39 @@
-"""The rank processes as the kernel sees them: state, exit status without reaping, and the last
-words a rank wrote to stderr. Used by the launcher; no probe logic."""
+"""The rank processes: what the launcher follows of each, their state as the kernel sees it, exit
+status without reaping, and the last words a rank wrote to stderr. No probe logic."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from netmon.probe.spec import Phase
 
 STDERR_TAIL = 1500
+
+
+@dataclass
+class RankProcess:
+    """One rank process as the launcher follows it: its phase, what it said, how it ended."""
+
+    rank: int
+    proc: subprocess.Popen[bytes]
+    stderr_path: Path
+    phase: Phase = "spawn"
+    phase_since: float = 0.0
+    size: int | None = None
+    sizes_done: int = 0
+    last_heard: float = 0.0
+    hello: bool = False
+    done: bool = False
+    exit_status: int | None = None  # >= 0 exit code, < 0 minus the signal number
+    error: dict[str, Any] | None = None
+    buffer: bytes = b""
+    eof: bool = False
+    reaped: bool = False
 
 
 def is_loopback(host: str) -> bool:

@@ -223,6 +223,9 @@ class ProbeEnvironment(_Frozen):
     host: str
     python: str | None = None
     devices: tuple[str, ...] = ()
+    # The GPU each rank's CUDA opened ("GPU-<uuid>"), by global rank; "" where a rank did not say
+    # (CPU ranks, ranks on another node).
+    cuda_uuids: tuple[str, ...] = ()
 
 
 FailureCause = Literal[

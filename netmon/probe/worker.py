@@ -75,6 +75,10 @@ class Rank:
         store = self._rendezvous(dist, stdin)
         self.enter("init")
         device = self._init(torch, dist, store)
+        if device.type == "cuda":
+            # Which GPU CUDA really opened, for `netmon selftest` to hold against the one pinned.
+            uuid = torch.cuda.get_device_properties(device).uuid
+            self.channel.send("gpu", uuid=f"GPU-{uuid}")
         if self.rank in self.spec.reporters:
             self._report_environment(torch)
         for size in self.spec.sizes:

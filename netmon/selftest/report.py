@@ -1,0 +1,105 @@
+"""The selftest's report as a value, and its two renderings: an aligned table for a person and one
+JSON document (the file a GPU node's operator sends back to the project)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from netmon.bandwidth import format_size
+from netmon.selftest.checks import Row, exit_code
+from netmon.selftest.versus import SizeRatio
+
+FORMAT = 1  # the JSON report's layout version, for whoever reads reports sent back
+_COLUMNS = ("CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL")
+
+
+@dataclass(frozen=True)
+class Report:
+    backend: str
+    ranks: int
+    devices: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rows: tuple[Row, ...]
+    started_at: float  # unix time
+    wall_s: float
+    # What ran: netmon, torch, NCCL, Python, host, as the ranks reported them.
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    ratios: tuple[SizeRatio, ...] = ()  # all_reduce against all_reduce_perf, per size
+    error: str | None = None  # why the selftest stopped before its end
+
+    @property
+    def verdict(self) -> str:
+        if self.error is not None:
+            return "ERROR"
+        return "FAIL" if exit_code(self.rows) else "PASS"
+
+    def counts(self) -> dict[str, int]:
+        found = Counter(row.status for row in self.rows)
+        return {status: found.get(status, 0) for status in ("PASS", "FAIL", "SKIP")}
+
+
+def _aligned(lines: Sequence[Sequence[str]]) -> list[str]:
+    """Columns padded to their widest cell; the last one is left as it is."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    return [
+        "  ".join(
+            [*(cell.ljust(w) for cell, w in zip(line, widths, strict=False)), line[-1]]
+        ).rstrip()
+        for line in lines
+    ]
+
+
+def _heading(report: Report) -> str:
+    env = report.environment
+    on = ", ".join(report.devices) if report.devices else "CPU"
+    versions = ", ".join(
+        f"{name} {env[key]}" for key, name in (("torch", "torch"), ("nccl", "NCCL")) if env.get(key)
+    )
+    sizes = ",".join(format_size(s) for s in report.sizes)
+    return f"netmon selftest: {report.backend}, {report.ranks} ranks on {on}, sizes {sizes}" + (
+        f" ({versions})" if versions else ""
+    )
+
+
+def _ratio_table(ratios: Sequence[SizeRatio]) -> list[str]:
+    lines = [("SIZE", "NETMON GB/s", "NCCL-TESTS GB/s", "RATIO")]
+    for r in ratios:
+        theirs = f"{r.nccl_tests / 1e9:.2f}" if r.nccl_tests else "-"
+        ratio = f"{r.ratio:.3f}" if r.ratio is not None else "-"
+        lines.append((format_size(r.size_bytes), f"{r.netmon / 1e9:.2f}", theirs, ratio))
+    return ["", "all_reduce busbw, netmon against all_reduce_perf (in place):", *_aligned(lines)]
+
+
+def table(report: Report) -> str:
+    lines = [_COLUMNS] + [
+        (row.name, row.status, row.measured, row.goal, row.detail) for row in report.rows
+    ]
+    out = [_heading(report), "", *_aligned(lines)]
+    if report.ratios:
+        out += _ratio_table(report.ratios)
+    counts = report.counts()
+    out += ["", f"{report.verdict}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
+    if report.error is not None:
+        out.append(f"the selftest stopped early: {report.error}")
+    return "\n".join(out)
+
+
+def document(report: Report) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "verdict": report.verdict,
+        "counts": report.counts(),
+        "backend": report.backend,
+        "ranks": report.ranks,
+        "devices": list(report.devices),
+        "sizes": list(report.sizes),
+        "environment": dict(report.environment),
+        "started_at": report.started_at,
+        "wall_s": round(report.wall_s, 3),
+        "rows": [row.as_dict() for row in report.rows],
+        "nccl_tests": [r.as_dict() for r in report.ratios],
+        "error": report.error,
+    }

@@ -1,0 +1,567 @@
+"""`netmon selftest`: the real command on gloo (every op, the simulated preemption drill, host
+memory), its usage errors and exit codes, and the pure parts: the comparison with published
+nccl-tests tables, the judgments and the two renderings of the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netmon.bandwidth import OPS
+from netmon.cli import selftest_command
+from netmon.cli.main import main
+from netmon.config import NetmonConfig, ProbeConfig
+from netmon.probe import nccl_tests
+from netmon.probe.build import build_spec
+from netmon.probe.processes import process_state
+from netmon.probe.spec import ProbeEnvironment, ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
+from netmon.selftest import checks, drill, report, versus
+from netmon.selftest import run as selftest_run
+from netmon.selftest.checks import Row
+from netmon.selftest.run import GLOO_PATHS
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NETMON = [sys.executable, "-m", "netmon"]
+
+
+def spec_of(backend: str = "gloo", op: str = "all_reduce", **probe: Any) -> ProbeSpec:
+    """A spec made as the selftest makes its own: through probe.build."""
+    gpus = probe.pop("devices", None)
+    node = NetmonConfig(backend=backend, devices=gpus)  # type: ignore[arg-type]
+    settings: dict[str, Any] = {"name": "selftest", "sizes": "1M", "check": True, **probe}
+    return build_spec(ProbeConfig(op=op, **settings), node)
+
+
+def outcome_of(
+    spec: ProbeSpec, busbw: dict[int, float] | None = None, **fields: Any
+) -> ProbeOutcome:
+    """An outcome with one result per size, busbw as given (bytes/s), values checked right."""
+    results = []
+    for size in spec.sizes:
+        rate = (busbw or {}).get(size, 1e9)
+        results.append(
+            SizeResult(
+                op=spec.op,
+                size_bytes=size,
+                count=size // 4,
+                dtype=spec.dtype,
+                chunks=1,
+                time_s=size / rate,
+                min_s=size / rate,
+                p10_s=size / rate,
+                p90_s=size / rate,
+                max_s=size / rate,
+                cv=0.0,
+                samples=20,
+                algbw_bytes_per_second=rate,
+                busbw_bytes_per_second=rate,
+                bus_factor=1.0,
+                check_ok=True,
+            )
+        )
+    return ProbeOutcome(spec=spec, results=tuple(results), started_at=0.0, wall_s=1.0, **fields)
+
+
+# ---- the real command on gloo ----
+
+
+@pytest.fixture(scope="module")
+def gloo_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    path = tmp_path_factory.mktemp("selftest") / "report.json"
+    done = subprocess.run(
+        [*NETMON, "selftest", "--backend", "gloo", "--ranks", "2", "--report", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return done, json.loads(path.read_text())
+
+
+def test_gloo_selftest_passes_every_op_and_the_simulated_drill(
+    gloo_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    done, document = gloo_run
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["name"]: row for row in document["rows"]}
+    for op in OPS:
+        assert rows[f"op {op}"]["status"] == "PASS", rows[f"op {op}"]
+    assert rows["op sendrecv"]["detail"].startswith("2 sizes (1K,1M) checked")
+    assert rows["path default"]["status"] == "PASS"
+    for path in ("pcie", "ring", "tree", "nvls"):
+        assert (rows[f"path {path}"]["status"], rows[f"path {path}"]["detail"]) == (
+            "SKIP",
+            GLOO_PATHS,
+        )
+    assert rows["nccl-tests all_reduce"]["status"] == "SKIP"
+    assert rows["pinning"] == {
+        **rows["pinning"],
+        "status": "SKIP",
+        "detail": "no GPU: CPU ranks (gloo) open none",
+    }
+    drilled = rows["drill preemption (simulated)"]
+    assert drilled["status"] == "PASS", drilled
+    assert 0 < drilled["figures"]["seconds"] <= drill.GOAL_S
+    assert drilled["measured"] == f"{drilled['figures']['seconds']:.2f} s"
+    # The stand-in's job was a real process, and it is gone.
+    assert process_state(drilled["figures"]["job_pid"]) in (None, "Z")
+    for op in ("all_reduce", "broadcast", "alltoall", "sendrecv"):
+        assert rows[f"memory {op}"]["status"] == "PASS", rows[f"memory {op}"]
+        assert rows[f"memory {op}"]["figures"]["peak_bytes"] > 64 << 20
+    for op in ("all_gather", "reduce_scatter", "all_gather_object"):
+        assert rows[f"memory {op}"]["status"] == "SKIP"
+    assert document["verdict"] == "PASS" and document["counts"]["FAIL"] == 0
+    assert document["environment"]["torch"] and document["error"] is None
+
+
+def test_the_json_report_matches_the_table(
+    gloo_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    done, document = gloo_run
+    lines = done.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("CHECK"))
+    start = lines.index(header) + 1
+    table = lines[start : start + len(document["rows"])]
+    result_at, measured_at = header.index("RESULT"), header.index("MEASURED")
+    for line, row in zip(table, document["rows"], strict=True):
+        assert line[:result_at].rstrip() == row["name"]
+        assert line[result_at:measured_at].strip() == row["status"]
+        assert row["detail"] in line
+    assert (
+        lines[-1]
+        == f"PASS: {document['counts']['PASS']} PASS, 0 FAIL, {document['counts']['SKIP']} SKIP"
+    )
+    # Progress went to stderr, one line per row.
+    assert done.stderr.count("netmon: selftest: ") == len(document["rows"])
+
+
+# ---- usage errors and exit codes ----
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--ranks", "1"], "--ranks"),
+        (["--skip", "everything"], "--skip"),
+        (["--sizes", "12Q"], "--sizes"),
+        (["--timeout", "soon"], "--timeout"),
+        (["--nccl-tests", "/nonexistent/all_reduce_perf"], "--nccl-tests"),
+        (["--devices", "0"], "--devices"),
+        (["--report", "/nonexistent/folder/report.json"], "--report"),
+    ],
+)
+def test_a_usage_error_is_one_line_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_main(["selftest", "--backend", "gloo", *argv], capsys)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and flag in err, err
+
+
+def test_exit_status_follows_the_rows(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    failed = made_up_report(error=None)
+    monkeypatch.setattr(selftest_command, "run_selftest", lambda plan, progress: failed)
+    code, out, _ = run_main(
+        ["selftest", "--backend", "gloo", "--json", "--report", str(tmp_path / "r.json")], capsys
+    )
+    assert code == 1
+    assert json.loads(out) == json.loads((tmp_path / "r.json").read_text())
+    assert json.loads(out)["verdict"] == "FAIL"
+    stopped = made_up_report(error="drill: OSError: no such file")
+    monkeypatch.setattr(selftest_command, "run_selftest", lambda plan, progress: stopped)
+    code, out, err = run_main(["selftest", "--backend", "gloo"], capsys)
+    assert code == 3
+    assert "the selftest stopped early: drill: OSError" in out
+    assert err.strip() == "netmon: selftest stopped early: drill: OSError: no such file"
+
+
+# ---- judgments ----
+
+
+def test_a_failed_probe_fails_its_row_and_the_selftest() -> None:
+    spec = spec_of(op="sendrecv")
+    failure = ProbeFailure(phase="measure", rank=1, cause="signal", detail="killed by SIGKILL")
+    row = checks.judge_run("ops", "op sendrecv", outcome_of(spec, failure=failure))
+    assert row.status == "FAIL"
+    assert row.detail == "signal in phase measure (rank 1): killed by SIGKILL"
+    assert checks.exit_code([row]) == 1
+    assert checks.exit_code([checks.judge_run("ops", "op sendrecv", outcome_of(spec))]) == 0
+
+
+def test_wrong_values_and_transport_faults_fail_the_row() -> None:
+    spec = spec_of()
+    good = outcome_of(spec)
+    wrong = good.model_copy(
+        update={"results": (good.results[0].model_copy(update={"check_ok": False}),)}
+    )
+    assert checks.judge_run("ops", "op all_reduce", wrong).detail == "wrong values at 1M"
+    unchecked = good.model_copy(
+        update={"results": (good.results[0].model_copy(update={"check_ok": None}),)}
+    )
+    assert checks.judge_run("ops", "op all_reduce", unchecked).detail == "values not checked at 1M"
+    faults = good.model_copy(
+        update={"transports": ("shm",), "transport_faults": ("shm_where_nvlink_expected",)}
+    )
+    row = checks.judge_run("paths", "path default", faults)
+    assert row.status == "FAIL"
+    assert "shm_where_nvlink_expected (transports: shm)" in row.detail
+    missing = good.model_copy(update={"results": ()})
+    assert checks.judge_run("ops", "op all_reduce", missing).detail == "1 size(s) gave no result"
+
+
+def test_device_memory_within_five_percent_and_the_allocator_slack() -> None:
+    spec = spec_of("nccl", op="alltoall", sizes="256M", devices=("0", "1"))
+    budget = 2 * (256 << 20)  # alltoall: S in and S out
+    limit = 1.05 * budget + checks.DEVICE_SLACK_BYTES
+    assert (
+        checks.device_memory_row(outcome_of(spec, peak_device_memory_bytes=int(limit))).status
+        == "PASS"
+    )
+    over = checks.device_memory_row(outcome_of(spec, peak_device_memory_bytes=int(limit) + 1))
+    assert over.status == "FAIL" and over.figures["budget_bytes"] == budget
+    silent = checks.device_memory_row(outcome_of(spec))
+    assert (silent.status, silent.detail) == ("FAIL", "the ranks reported no peak device memory")
+    gathered = checks.device_memory_row(
+        outcome_of(spec_of("nccl", op="all_gather", devices=("0", "1")))
+    )
+    assert gathered.status == "FAIL"  # on GPUs every tensor op is judged, gloo's copies or not
+
+
+def test_host_memory_against_torchs_footprint() -> None:
+    spec = spec_of(op="sendrecv", sizes="64M")
+    footprint = 236 << 20
+    limit = footprint + 1.15 * (128 << 20)
+    assert (
+        checks.host_memory_row(
+            outcome_of(spec, peak_host_memory_bytes=int(limit)), footprint
+        ).status
+        == "PASS"
+    )
+    assert (
+        checks.host_memory_row(
+            outcome_of(spec, peak_host_memory_bytes=int(limit) + 1), footprint
+        ).status
+        == "FAIL"
+    )
+    assert checks.host_memory_row(outcome_of(spec, peak_host_memory_bytes=1), None).status == "FAIL"
+    assert checks.memory_skip("reduce_scatter", "gloo") is not None
+    assert checks.memory_skip("reduce_scatter", "nccl") is None
+    assert checks.memory_skip("all_gather_object", "nccl") is not None
+
+
+def pinned_outcome(reported: tuple[str, ...] | None, devices: tuple[str, ...]) -> ProbeOutcome:
+    spec = spec_of("nccl", devices=devices)
+    # What the launcher makes of each rank's "gpu" message (worker.py): one UUID per rank.
+    env = ProbeEnvironment(
+        netmon="test", backend="nccl", ranks=spec.ranks, host="gpu-node", cuda_uuids=reported or ()
+    )
+    return ProbeOutcome(spec=spec, environment=env, results=(), started_at=0.0, wall_s=1.0)
+
+
+UUID_A = "GPU-6f5c3c5e-1a2b-4c3d-8e9f-0a1b2c3d4e5f"
+UUID_B = "GPU-0d9e8f7a-6b5c-4d3e-9f2a-1b2c3d4e5f60"
+
+
+def test_pinning_compares_nvml_uuids_with_what_torch_opened() -> None:
+    # torch prints a device's uuid without NVML's "GPU-" prefix.
+    same = pinned_outcome((UUID_A.removeprefix("GPU-"), UUID_B), (UUID_A, UUID_B))
+    assert checks.pinning_row([same]).status == "PASS"
+    swapped = checks.pinning_row([pinned_outcome((UUID_B, UUID_A), (UUID_A, UUID_B))])
+    assert swapped.status == "FAIL"
+    assert f"all_reduce rank 0 opened {UUID_B}, pinned to {UUID_A}" in swapped.detail
+    half = checks.pinning_row([pinned_outcome((UUID_A, ""), (UUID_A, UUID_B))])
+    assert (half.status, half.detail) == ("FAIL", "all_reduce rank 1 did not report its GPU")
+    silent = checks.pinning_row([pinned_outcome(None, (UUID_A, UUID_B))])
+    assert (silent.status, silent.detail) == ("SKIP", "the ranks did not report their GPU")
+    by_index = checks.pinning_row([pinned_outcome((UUID_A, UUID_B), ("0", "1"))])
+    assert by_index.status == "SKIP" and "by index" in by_index.detail
+    assert (
+        checks.pinning_row([outcome_of(spec_of())]).detail == "no GPU: CPU ranks (gloo) open none"
+    )
+
+
+def test_drill_rows() -> None:
+    spec = spec_of()
+    preempted = ProbeFailure(
+        phase="measure", rank=None, cause="cancelled", detail="stopped", cancel_reason="preempted"
+    )
+    stopped = outcome_of(spec, failure=preempted)
+    fast = drill.DrillResult(simulated=False, gpu="GPU-1", seconds=0.8, outcome=stopped, job_pid=7)
+    row = drill.drill_row(fast)
+    assert (row.name, row.status, row.measured) == ("drill preemption", "PASS", "0.80 s")
+    assert "a CUDA job (PID 7) holding a context on GPU GPU-1" in row.detail
+    slow = drill.drill_row(drill.DrillResult(True, "0", seconds=1.6, outcome=stopped, job_pid=7))
+    assert (slow.name, slow.status) == ("drill preemption (simulated)", "FAIL")
+    finished = drill.drill_row(drill.DrillResult(True, "0", seconds=0.5, outcome=outcome_of(spec)))
+    assert finished.status == "FAIL" and "not as preempted: it finished" in finished.detail
+    stuck = drill.drill_row(drill.DrillResult(True, "0", outcome=stopped, job_pid=7))
+    assert stuck.status == "FAIL" and stuck.measured == f"> {drill.GIVE_UP_S:g} s"
+    busy = drill.drill_row(drill.DrillResult(False, "0", skip="GPU not idle before the drill: x"))
+    assert busy.status == "SKIP"
+
+
+def test_the_stand_in_lists_the_job_only_while_it_runs() -> None:
+    stand_in = drill.SimulatedGpu()
+    assert stand_in.read()[0].compute_pids == ()
+    job = subprocess.Popen(["sleep", "30"])
+    try:
+        start = drill.start_time(job.pid)
+        assert start is not None
+        stand_in.place(job.pid, start)
+        assert stand_in.read()[0].compute_pids == (job.pid,)
+    finally:
+        job.kill()
+        job.wait()
+    assert stand_in.read()[0].compute_pids == ()
+
+
+# ---- nccl-tests ----
+
+
+def table_of(name: str) -> nccl_tests.PerfTable:
+    return nccl_tests.parse_table((FIXTURES / name).read_text())
+
+
+def test_comparison_with_the_published_8xh100_table() -> None:
+    table = table_of("nccl_tests_8xH100_sxm_nvls.txt")
+    spec = spec_of("nccl", sizes="16M,32M,64M,128M", devices=tuple(map(str, range(8))))
+    made_up = {
+        16 << 20: 300e9,  # all_reduce_perf ran no 16M: nothing to compare with
+        32 << 20: 321.08e9 * 1.02,  # in-place 321.08 GB/s: within 3 %
+        64 << 20: 374.58e9 * 0.96,  # 4 % slow
+        128 << 20: 415.83e9 * 0.97,  # just within
+    }
+    ratios = versus.compare(outcome_of(spec, made_up).results, table.rows)
+    assert [r.size_bytes for r in ratios] == [16 << 20, 32 << 20, 64 << 20, 128 << 20]
+    assert ratios[0].nccl_tests is None and ratios[0].ratio is None
+    assert ratios[1].nccl_tests == pytest.approx(321.08e9)  # the in-place half, not 321.10
+    assert [round(r.ratio or 0, 4) for r in ratios[1:]] == [1.02, 0.96, 0.97]
+    assert [r.within() for r in ratios] == [False, True, False, True]
+    row = versus.comparison_row(ratios)
+    assert row.status == "FAIL"
+    assert row.measured == "ratio 0.960 at 64M"
+    assert row.detail.startswith("all_reduce_perf printed no row of 16M; 64M off by 4.0%; ")
+    assert "32M 327.502 GB/s/321.080 GB/s = 1.020" in row.detail
+    assert row.figures["sizes"][2]["nccl_tests_busbw_bytes_per_second"] == pytest.approx(374.58e9)
+
+
+def test_comparison_within_three_percent_passes() -> None:
+    table = table_of("nccl_tests_2x_h100pcie_nvlink_nccl194_TRUNCATED.txt")
+    spec = spec_of("nccl", sizes="1G,2G", devices=("0", "1"))
+    ratios = versus.compare(outcome_of(spec, {1 << 30: 113e9, 2 << 30: 118e9}).results, table.rows)
+    row = versus.comparison_row(ratios)
+    assert row.status == "PASS", row.detail
+    assert [round(r.ratio or 0, 4) for r in ratios] == [
+        round(113 / 115.56, 4),
+        round(118 / 115.93, 4),
+    ]
+
+
+def test_wrong_values_in_all_reduce_perf_fail_the_comparison() -> None:
+    text = (FIXTURES / "nccl_tests_2x_h100pcie_nvlink_nccl194_TRUNCATED.txt").read_text()
+    broken = text.replace("115.56      0", "115.56      5")
+    spec = spec_of("nccl", sizes="1G", devices=("0", "1"))
+    ratios = versus.compare(
+        outcome_of(spec, {1 << 30: 115.56e9}).results, nccl_tests.parse_table(broken).rows
+    )
+    row = versus.comparison_row(ratios)
+    assert row.status == "FAIL" and "all_reduce_perf found 5 wrong values at 1G" in row.detail
+
+
+FAKE_ALL_REDUCE_PERF = """\
+#!{python}
+# Replays the published 8x H100 run (tests/fixtures) at the size asked, as all_reduce_perf would.
+import json, os, sys
+args = sys.argv[1:]
+size = int(args[args.index("-b") + 1])
+text = open({fixture!r}).read().splitlines()
+kept = [line for line in text if not line[:1].isspace() or line.split()[0] == str(size)]
+print("\\n".join(kept))
+with open({record!r}, "a") as record:
+    record.write(json.dumps({{"argv": args, "gpus": os.environ["CUDA_VISIBLE_DEVICES"]}}) + "\\n")
+"""
+
+
+def test_all_reduce_perf_runs_one_size_at_a_time_on_netmons_gpus(tmp_path: Path) -> None:
+    record = tmp_path / "calls.jsonl"
+    fake = tmp_path / "all_reduce_perf"
+    fake.write_text(
+        FAKE_ALL_REDUCE_PERF.format(
+            python=sys.executable,
+            fixture=str(FIXTURES / "nccl_tests_8xH100_sxm_nvls.txt"),
+            record=str(record),
+        )
+    )
+    fake.chmod(0o755)
+    devices = tuple(f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(8))
+    spec = spec_of("nccl", sizes="32M,64M", devices=devices)
+    tables = versus.run_all_reduce_perf(str(fake), spec, timeout=60)
+    assert [r.size_bytes for t in tables for r in t.rows] == [32 << 20, 64 << 20]
+    assert versus.version_note(tables, "2.29.2") == "both ran NCCL 2.29.2"
+    assert versus.version_note(tables, "2.27.5") == (
+        "all_reduce_perf ran NCCL 2.29.2, netmon's ranks NCCL 2.27.5"
+    )
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [c["gpus"] for c in calls] == [",".join(devices)] * 2
+    assert calls[0]["argv"] == [
+        *("-b", str(32 << 20), "-e", str(32 << 20), "-g", "8", "-d", "float", "-o", "sum"),
+        *("-w", "5", "-n", "100", "-c", "1"),
+    ]
+    two = spec_of("nccl", sizes="32M", devices=devices[:2])
+    with pytest.raises(versus.NcclTestsError, match="ran 8 ranks, not 2"):
+        versus.run_all_reduce_perf(str(fake), two, timeout=60)
+    fake.write_text(
+        f"#!{sys.executable}\nimport sys\n"
+        "print('NCCL failure common.cu:1', file=sys.stderr)\nsys.exit(3)\n"
+    )
+    with pytest.raises(versus.NcclTestsError, match="exited with 3: NCCL failure"):
+        versus.run_all_reduce_perf(str(fake), spec, timeout=60)
+
+
+def test_the_gpu_sequence_with_probes_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nccl branches of every check, in order, with each probe's outcome made up (no GPU
+    here) and all_reduce_perf replayed from the published 8x H100 run."""
+    fake = tmp_path / "all_reduce_perf"
+    fake.write_text(
+        FAKE_ALL_REDUCE_PERF.format(
+            python=sys.executable,
+            fixture=str(FIXTURES / "nccl_tests_8xH100_sxm_nvls.txt"),
+            record=str(tmp_path / "calls.jsonl"),
+        )
+    )
+    fake.chmod(0o755)
+    ran: list[ProbeSpec] = []
+
+    def replay(spec: ProbeSpec, **_: Any) -> ProbeOutcome:
+        ran.append(spec)
+        env = ProbeEnvironment(
+            netmon="0", backend="nccl", ranks=spec.ranks, host="h", nccl="2.27.5"
+        )
+        busbw = {32 << 20: 321.08e9, 64 << 20: 374.58e9 * 0.99}
+        peak = checks.budget_of(spec)
+        return outcome_of(spec, busbw, environment=env, peak_device_memory_bytes=peak)
+
+    monkeypatch.setattr(selftest_run, "run_probe", replay)
+    devices = tuple(f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(8))
+    plan = selftest_run.Plan(
+        NetmonConfig(backend="nccl", devices=devices, pause_file=None),
+        ProbeConfig(name="selftest", sizes=(32 << 20, 64 << 20), check=True),
+        nccl_tests=str(fake),
+        skip=frozenset({"drill"}),
+    )
+    done = selftest_run.run_selftest(plan)
+    rows = {row.name: row for row in done.rows}
+    assert done.error is None
+    assert [s.op for s in ran[: len(OPS)]] == list(OPS)
+    assert all(s.cuda_devices == devices and s.check for s in ran)
+    assert [s.path for s in ran[len(OPS) :]] == ["pcie", "ring", "tree"]
+    assert dict(ran[len(OPS)].env)["NCCL_P2P_DISABLE"] == "1"
+    assert rows["path nvls"].status == "SKIP"
+    assert rows["path nvls"].detail.startswith("nvls needs NVSwitch multicast")
+    assert rows["nccl-tests all_reduce"].status == "PASS", rows["nccl-tests all_reduce"]
+    assert rows["nccl-tests all_reduce"].detail.endswith(
+        "all_reduce_perf ran NCCL 2.29.2, netmon's ranks NCCL 2.27.5"
+    )
+    assert [round(r.ratio or 0, 3) for r in done.ratios] == [1.0, 0.99]
+    assert rows["drill"].detail == "--skip drill"
+    for op in OPS:
+        expected = "SKIP" if op == "all_gather_object" else "PASS"
+        assert rows[f"memory {op}"].status == expected, rows[f"memory {op}"]
+    assert rows["pinning"].detail == "the ranks did not report their GPU"
+    assert checks.exit_code(done.rows) == 0
+
+
+# ---- the report ----
+
+
+def made_up_report(error: str | None) -> report.Report:
+    rows = (
+        Row("ops", "op all_reduce", "PASS", "1.000 GB/s at 1M", "finishes, values right", "ok"),
+        Row("drill", "drill preemption (simulated)", "FAIL", "1.60 s", "<= 1.5 s", "too slow"),
+        Row("pinning", "pinning", "SKIP", detail="no GPU: CPU ranks (gloo) open none"),
+    )
+    ratios = (versus.SizeRatio(64 << 20, 380e9, 374.58e9), versus.SizeRatio(1 << 30, 470e9, None))
+    return report.Report(
+        backend="nccl",
+        ranks=8,
+        devices=("0", "1"),
+        sizes=(64 << 20, 1 << 30),
+        rows=rows,
+        started_at=1.0,
+        wall_s=2.0,
+        environment={"torch": "2.13.0", "nccl": "2.27.5"},
+        ratios=ratios,
+        error=error,
+    )
+
+
+def test_the_table_is_aligned_and_ends_with_the_verdict() -> None:
+    text = report.table(made_up_report(error=None))
+    lines = text.splitlines()
+    assert (
+        lines[0]
+        == "netmon selftest: nccl, 8 ranks on 0, 1, sizes 64M,1G (torch 2.13.0, NCCL 2.27.5)"
+    )
+    header = lines[2]
+    assert header.split() == ["CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL"]
+    for line in lines[3:6]:
+        assert line[header.index("RESULT") - 2 : header.index("RESULT")] == "  "
+        assert line[header.index("RESULT") :].split()[0] in ("PASS", "FAIL", "SKIP")
+    assert lines[-1] == "FAIL: 1 PASS, 1 FAIL, 1 SKIP"
+    assert [line.split() for line in lines[-5:-2]] == [
+        ["SIZE", "NETMON", "GB/s", "NCCL-TESTS", "GB/s", "RATIO"],
+        ["64M", "380.00", "374.58", "1.014"],
+        ["1G", "470.00", "-", "-"],
+    ]
+
+
+def test_the_json_document() -> None:
+    document = report.document(made_up_report(error=None))
+    assert document["format"] == 1 and document["verdict"] == "FAIL"
+    assert document["counts"] == {"PASS": 1, "FAIL": 1, "SKIP": 1}
+    assert document["rows"][1] == {
+        "check": "drill",
+        "name": "drill preemption (simulated)",
+        "status": "FAIL",
+        "measured": "1.60 s",
+        "goal": "<= 1.5 s",
+        "detail": "too slow",
+        "figures": {},
+    }
+    assert document["nccl_tests"][0]["ratio"] == pytest.approx(380 / 374.58)
+    assert json.loads(json.dumps(document)) == document
+    assert report.document(made_up_report(error="x"))["verdict"] == "ERROR"
+
+
+def test_the_selftest_process_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from netmon.cli import selftest_command\n"
+        "from netmon.selftest import run, drill, versus, report, checks\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, check=True
+    )
+    assert done.stdout.strip() == "[]"
