@@ -115,7 +115,7 @@ class ProbeRunner:
             self.results.finished(probe, outcome, path)
             self._log_outcome(probe, outcome, path)
 
-    def _pair_topology(self, config: NetmonConfig, spec: ProbeSpec) -> Topology | None:
+    def _pair_topology(self, spec: ProbeSpec) -> Topology | None:
         """The GPUs pairs may use: only the configured ones (each idle and locked by _run)."""
         if spec.backend != "nccl":
             return self.topology or uniform(spec.ranks, "CPU")
@@ -125,7 +125,7 @@ class ProbeRunner:
         return self.topology.restricted([i for i in indices if i is not None])
 
     def _pairs(self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec) -> None:
-        topo = self._pair_topology(config, spec)
+        topo = self._pair_topology(spec)
         if topo is None:
             detail = "pair probes need the topology of every configured GPU (NVML or topology_file)"
             return self._skip(probe, "gpu_unknown", detail)
