@@ -73,6 +73,7 @@ def test_daemon_exports_the_contract_counts_up_and_stops_cleanly(
     assert daemon.stop(timeout=10) == 0
     assert daemon.tagged_processes() == []
     assert "netmon stopped" in daemon.log()
+    assert "Traceback" not in daemon.log()
     assert (tmp_path / "state" / "baselines.json").exists()
 
 
@@ -186,6 +187,11 @@ def test_sigterm_kills_an_in_flight_probe_and_exits_0(
     assert daemon.stop(timeout=10) == 0
     assert daemon.tagged_processes() == []
     assert "reason=shutdown" in daemon.log()
+    # The run was waited for, not abandoned: its end is logged before the daemon's, and the
+    # stop raised nothing on any thread.
+    log = daemon.log()
+    assert log.index("reason=shutdown") < log.index("netmon stopped")
+    assert "Traceback" not in log
 
 
 def test_a_failing_probe_is_counted_by_reason_and_the_daemon_keeps_serving(

@@ -314,12 +314,7 @@ class Daemon:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         # shutdown(wait=True) waits for running probes (their launchers see `stopping` and kill
         # their ranks) but has no timeout of its own: wait for it on a thread, bounded.
-        waiter = threading.Thread(
-            target=self._stop_scheduler,
-            kwargs={"wait": True},
-            name="scheduler-stop",
-            daemon=True,
-        )
+        waiter = threading.Thread(target=self._stop_scheduler, name="scheduler-stop", daemon=True)
         waiter.start()
         waiter.join(max(0.0, deadline - time.monotonic()))
         if self.coordinator is not None:
