@@ -20,6 +20,17 @@ from tests.conftest import wait_for
 _handed_out: set[int] = set()
 
 
+def server_ready(proc: subprocess.Popen[bytes], log_path: Path, port: int, name: str) -> bool:
+    """A Prometheus-family server on loopback answers /-/ready; its log if it died instead."""
+    if proc.poll() is not None:
+        raise AssertionError(f"{name} exited: {log_path.read_text()[-2000:]}")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def free_port() -> int:
     """A port free now, chosen below the kernel's ephemeral range: a port the kernel handed out
     could be given again to some connection's local end before the process under test binds it
@@ -80,13 +91,7 @@ class Prometheus:
         wait_for(self._ready, 60, "prometheus to be ready", poll=0.2)
 
     def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {self.log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return server_ready(self.proc, self.log_path, self.port, "prometheus")
 
     def query(self, expression: str) -> list[dict[str, Any]]:
         url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import wait_for
-from tests.prometheus_harness import free_port
+from tests.prometheus_harness import free_port, server_ready
 from tests.test_deploy import (
     COMPOSE,
     DEPLOY,
@@ -310,13 +310,7 @@ class Alertmanager:
         wait_for(self._ready, 30, "alertmanager to be ready", poll=0.2)
 
     def _ready(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"alertmanager exited: {self.log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
+        return server_ready(self.proc, self.log_path, self.port, "alertmanager")
 
     def post(self, alerts: list[dict[str, str]]) -> None:
         now = datetime.now(timezone.utc)
