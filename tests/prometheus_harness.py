@@ -31,6 +31,16 @@ def server_ready(proc: subprocess.Popen[bytes], log_path: Path, port: int, name:
         return False
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 15 s; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     """A port free now, chosen below the kernel's ephemeral range: a port the kernel handed out
     could be given again to some connection's local end before the process under test binds it
@@ -104,9 +114,4 @@ class Prometheus:
         return result
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_server(self.proc)

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.conftest import wait_for
-from tests.prometheus_harness import free_port, server_ready
+from tests.prometheus_harness import free_port, server_ready, stop_server
 from tests.test_deploy import (
     COMPOSE,
     DEPLOY,
@@ -339,12 +339,7 @@ class Alertmanager:
         return found
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_server(self.proc)
 
 
 def _alert(name: str, cluster: str | None = "train-a", **labels: str) -> dict[str, str]:
