@@ -271,7 +271,7 @@ def hide_columns(*extra: str, rename: dict[str, str] | None = None) -> Json:
 
 RATIO_STEPS = thresholds((None, RED), (0.7, YELLOW), (0.9, GREEN))
 SUSPECT_STEPS = thresholds((None, GREEN), (1, RED))
-SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}}"
+SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}} x{{ranks}}"
 
 
 def panels() -> list[Json]:
@@ -453,7 +453,7 @@ def panels() -> list[Json]:
             [
                 target(
                     f"netmon_nvlink_pcie_busbw_ratio{{{PROBE}}}",
-                    "{{instance}} {{probe}} {{op}} {{size_bytes}} B",
+                    "{{instance}} {{probe}} {{op}} {{size_bytes}} B x{{ranks}}",
                 )
             ],
             "none",
@@ -577,8 +577,46 @@ def panels() -> list[Json]:
             [target(f"netmon_topology_link_info{{{GPU}}}", instant=True, table=True)],
             [hide_columns("Value")],
         ),
-        w=24,
-        h=7,
+        w=8,
+        h=8,
+    )
+    layout.add(
+        table(
+            "GPU pairs: age of the last measurement",
+            "How long ago each pair was last measured, oldest first. A pairs probe measures "
+            "the pairs whose two GPUs are idle, so on a busy node some pairs wait for a gap "
+            "between jobs; their numbers above are that old.",
+            [
+                target(
+                    f"sort_desc(time() - netmon_link_measurement_timestamp_seconds{{{PAIR}}})",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            [hide_columns(rename={"Value": "age"})],
+            overrides=[field("byName", "age", [{"id": "unit", "value": "s"}])],
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "GPU pairs not measured, by reason",
+            "Pairs a sweep skipped: a GPU of the pair busy with a job (gpu_busy_*), given to a "
+            "pod (gpu_allocated), paused, or held by another netmon probe (devices_busy).",
+            [
+                target(
+                    "sum by (instance, probe, reason) "
+                    f"(increase(netmon_pair_skips_total{{{PROBE}}}[$__rate_interval]))",
+                    "{{instance}} {{probe}} {{reason}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
+        ),
+        w=8,
+        h=8,
     )
 
     layout.row("PCIe and NVLink health")
@@ -654,13 +692,13 @@ def panels() -> list[Json]:
     layout.add(
         timeseries(
             "NVLink errors",
-            "NVLink error counters per interval, by GPU, link and kind (replay, recovery, "
-            "CRC flit, CRC data). Healthy links stay at zero.",
+            "NVLink error counters per interval, summed over each GPU's links, by kind "
+            "(replay, recovery, CRC flit, CRC data). Healthy links stay at zero.",
             [
                 target(
-                    "sum by (instance, gpu, link, error) "
-                    f"(increase(netmon_nvlink_errors_total{{{GPU}}}[$__rate_interval]))",
-                    "{{instance}} GPU{{gpu}} link {{link}} {{error}}",
+                    "sum by (instance, gpu, error) "
+                    f"(increase(netmon_nvlink_gpu_errors_total{{{GPU}}}[$__rate_interval]))",
+                    "{{instance}} GPU{{gpu}} {{error}}",
                 )
             ],
             "none",
@@ -673,10 +711,11 @@ def panels() -> list[Json]:
     layout.add(
         timeseries(
             "NVLinks up per GPU",
-            "Links in state up per GPU; a drop is a link that went down.",
+            "Active NVLinks per GPU, read every link_telemetry.interval whether or not jobs "
+            "run; a drop is a link that went down.",
             [
                 target(
-                    f"sum by (instance, gpu) (netmon_nvlink_up{{{GPU}}})",
+                    f"netmon_nvlink_active_links{{{GPU}}}",
                     "{{instance}} GPU{{gpu}}",
                 )
             ],
@@ -698,7 +737,30 @@ def panels() -> list[Json]:
             ],
             "Bps",
         ),
-        w=24,
+        w=12,
+        h=7,
+    )
+    layout.add(
+        timeseries(
+            "Link health: age of the reading",
+            "Seconds since netmon last read NVLink and PCIe health from NVML; dashed: 3 "
+            "reading intervals, past which NetmonLinkHealthStale fires.",
+            [
+                target(
+                    f"time() - netmon_link_health_read_timestamp_seconds{{{NODE}}}",
+                    "{{instance}}",
+                    ref="A",
+                ),
+                target(
+                    f"3 * netmon_link_health_interval_seconds{{{NODE}}}",
+                    "limit {{instance}}",
+                    ref="B",
+                ),
+            ],
+            "s",
+            overrides=[dashed("B", "red")],
+        ),
+        w=12,
         h=7,
     )
 

@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, TypeAlias
@@ -29,7 +30,8 @@ STATE_VERSION = 1
 # and reading it whole could take the daemon's memory with it.
 MAX_STATE_BYTES = 64 << 20
 
-BaselineKey: TypeAlias = tuple[str, str, int, str]  # (probe, op, size_bytes, path)
+# (probe, op, size_bytes, path, ranks): a probe on the idle set keeps one baseline per rank count.
+BaselineKey: TypeAlias = tuple[str, str, int, str, int]
 
 
 class BaselinePolicy(BaseModel):
@@ -170,6 +172,17 @@ class BaselineBook:
         with self._lock:
             return dict(self._verdicts)
 
+    def adopt_ranks(self, ranks_of: Callable[[str], int | None]) -> None:
+        """Give keys restored without a rank count (ranks 0) the count their probe ran with then:
+        every probe ran on all its GPUs or CPU ranks before probes could run on the idle set."""
+        with self._lock:
+            for key in [k for k in self._tracks if k[4] == 0]:
+                ranks = ranks_of(key[0])
+                new = (key[0], key[1], key[2], key[3], ranks or 0)
+                if ranks and new not in self._tracks:
+                    self._tracks[new] = self._tracks.pop(key)
+                    self._verdicts[new] = self._verdicts.pop(key)
+
     def to_json(self) -> dict[str, object]:
         with self._lock:
             entries = [
@@ -178,6 +191,7 @@ class BaselineBook:
                     op=key[1],
                     size_bytes=key[2],
                     path=key[3],
+                    ranks=key[4],
                     learned=list(track.learned),
                     recent=list(track.recent),
                     degraded=track.degraded,
@@ -202,7 +216,7 @@ class BaselineBook:
             raise ValueError(f"baseline state: {describe_validation_error(exc)}") from exc
         book = cls(policy)
         for entry in parsed.baselines:
-            key = (entry.probe, entry.op, entry.size_bytes, entry.path)
+            key = (entry.probe, entry.op, entry.size_bytes, entry.path, entry.ranks)
             if key in book._tracks:
                 raise ValueError(f"baseline state lists {key!r} twice")
             track = book._new_track()
@@ -226,6 +240,8 @@ class _Entry(_Strict):
     op: str
     size_bytes: int = Field(ge=0)
     path: str
+    # 0: written before baselines were kept per rank count (adopt_ranks says how many it was).
+    ranks: int = Field(0, ge=0)
     learned: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
     recent: list[bool]
     degraded: bool

@@ -111,6 +111,11 @@ class ProbeConfig(_Strict):
     suspect_ratio: float = Field(0.7, gt=0, le=1)
     # pairs: run the plan this many times and judge each pair's best (noise only slows).
     passes: int = Field(1, ge=1, le=10)
+    # collective: all (every configured GPU, or none while one is busy) or idle (the largest
+    # idle set, one NVLink island where possible, at least min_gpus; exported with `ranks`).
+    # Pairs probes always measure whichever pairs are idle.
+    gpus: Literal["all", "idle"] = "all"
+    min_gpus: int = Field(2, ge=1, description="gpus: idle: the fewest GPUs worth a run")
 
     @field_validator("name")
     @classmethod
@@ -183,6 +188,18 @@ class ProbeConfig(_Strict):
     def _device_list(cls, value: object) -> object:
         return _devices(value)
 
+    @field_validator("gpus")
+    @classmethod
+    def _idle_set_is_local(cls, value: str, info: ValidationInfo) -> str:
+        # kind and scope are declared first, so they are validated by now.
+        kind, scope = info.data.get("kind"), info.data.get("scope")
+        if value == "idle" and (kind != "collective" or scope != "local"):
+            raise ValueError(
+                f"idle is for local collectives (kind: collective, scope: local), not kind "
+                f"{kind}, scope {scope}: drop gpus (pairs always run on the idle GPUs)"
+            )
+        return value
+
     @property
     def effective_jitter(self) -> float:
         return self.jitter if self.jitter is not None else round(self.interval * 0.1, 3)
@@ -193,6 +210,20 @@ class LoggingConfig(_Strict):
     format: Literal["plain", "json"] = "plain"
 
 
+class LinkTelemetryConfig(_Strict):
+    """NVML's NVLink and PCIe state and error counters, read on their own schedule whether or not
+    jobs run (NVML reads create no CUDA context and leave jobs alone)."""
+
+    interval: float = Field(30.0, ge=0, description="seconds between reads; 0: off")
+    # gpu: per-GPU sums (links active, errors summed over links); link: per-link series as well.
+    nvlink_detail: Literal["gpu", "link"] = "gpu"
+
+    @field_validator("interval", mode="before")
+    @classmethod
+    def _every(cls, value: object) -> object:
+        return _duration(value)
+
+
 class NetmonConfig(_Strict):
     listen: str = "127.0.0.1:9464"
     state_dir: Path | None = None  # default: /var/lib/netmon as root, else ~/.local/state/netmon
@@ -200,6 +231,10 @@ class NetmonConfig(_Strict):
     ranks: int | None = Field(None, ge=1, le=64, description="gloo only: CPU ranks")
     devices: tuple[str, ...] | None = None
     pause_file: Path | None = Path("/run/netmon/pause")
+    # Each file here pauses the GPUs it lists (indexes or UUIDs), or the node when it lists
+    # none: how a Slurm prolog pauses only a job's GPUs (serve.pausing).
+    pause_dir: Path | None = Path("/run/netmon/pause.d")
+    link_telemetry: LinkTelemetryConfig = LinkTelemetryConfig()
     probes: tuple[ProbeConfig, ...] | None = None  # default: the embedded small and large probes
     idle: IdlePolicy = IdlePolicy()
     baseline: BaselinePolicy = BaselinePolicy()

@@ -31,6 +31,7 @@ def fast_config(tmp_path: Path, **overrides: Any) -> dict[str, Any]:
         "backend": "gloo",
         "ranks": 2,
         "pause_file": str(tmp_path / "pause"),
+        "pause_dir": str(tmp_path / "pause.d"),
         "probes": [
             {"name": "small", "sizes": [8, "1K"], "interval": "1s", "iters": 3, "warmup": 1},
             {
@@ -137,6 +138,13 @@ class DaemonProcess:
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.scrape().get((name, frozenset(labels.items())))
+
+    def value_with(self, name: str, **labels: str) -> float | None:
+        """A sample that has these labels and maybe more (a group round's `ranks` is its world
+        size, which changes as members come and go); None when there is none."""
+        wanted = set(labels.items())
+        found = [v for (n, have), v in self.scrape().items() if n == name and wanted <= have]
+        return found[0] if found else None
 
     def stop(self, timeout: float = 15) -> int:
         if self.proc.poll() is None:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.idle import GpuReading
+from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome
 from netmon.topology.model import Topology
@@ -54,6 +55,9 @@ class SimNode:
     jobs: dict[int, tuple[int, ...]] = field(default_factory=dict)  # NVML index -> PIDs
     pods: dict[int, str] = field(default_factory=dict)  # NVML index -> pod holding it
     nvswitch: bool = False  # GPUs joined by NVSwitches into one NVLink fabric (DGX/HGX)
+    nvlinks: int = 0  # NVLinks per GPU that NVML lists (18 on H100 SXM)
+    down: set[tuple[int, int]] = field(default_factory=set)  # (gpu, link) inactive
+    link_reads: int = 0  # link health reads so far: each one adds a replay error on link 0
     reads: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -117,6 +121,35 @@ class SimNode:
             for b in self.boards
         )
 
+    def link_health(self, under_load: bool) -> LinkHealth:
+        """NVML's link health, as netmon.gpu.nvml.read_link_health gives it: PCIe Gen5 x16 (Gen1
+        at idle, as GPUs save power), NVLinks active but for `down`, and error and throughput
+        counters that grow with every read, as a link that keeps retrying would show."""
+        with self._lock:
+            self.link_reads += 1
+            reads = self.link_reads
+        pcie = tuple(
+            PcieReading(b.index, 5 if under_load else 1, 5, 16, 16, replay_counter=0)
+            for b in self.boards
+        )
+        links = tuple(
+            NvLinkReading(
+                b.index,
+                link,
+                active=(b.index, link) not in self.down,
+                replay_errors=reads if link == 0 else 0,
+                recovery_errors=0,
+                crc_flit_errors=0,
+                crc_data_errors=0,
+            )
+            for b in self.boards
+            for link in range(self.nvlinks)
+        )
+        sent = tuple(
+            NvLinkThroughput(b.index, reads << 20, reads << 20) for b in self.boards if self.nvlinks
+        )
+        return LinkHealth(pcie, links, sent, under_load=under_load, read_at=time.time())
+
     def board(self, index: int) -> Board:
         return next(b for b in self.boards if b.index == index)
 
@@ -155,7 +188,7 @@ def dgx_h100(mig: Sequence[int] = ()) -> SimNode:
     """8 x H100 SXM, every pair NV18, GPUs 0-3 on NUMA node 0 and 4-7 on node 1."""
     models = [("NVIDIA H100 80GB HBM3", 90)] * 8
     node = _node("dgxh", "topo_8xH100_sxm_nv18_nonic_mlengineering.txt", models, mig)
-    node.nvswitch = True
+    node.nvswitch, node.nvlinks = True, 18
     return node
 
 

@@ -22,8 +22,8 @@ from netmon.baseline import (
     save,
 )
 
-KEY: BaselineKey = ("link", "all_reduce", 1 << 20, "NV4")
-OTHER: BaselineKey = ("node", "all_gather", 64 << 20, "SYS")
+KEY: BaselineKey = ("link", "all_reduce", 1 << 20, "NV4", 2)
+OTHER: BaselineKey = ("node", "all_gather", 64 << 20, "SYS", 8)
 GOOD = 100e9
 LOW = 50e9  # ratio 0.5 < 0.8
 
@@ -210,6 +210,7 @@ def test_to_json_is_a_versioned_document() -> None:
                 "op": "all_reduce",
                 "size_bytes": 1 << 20,
                 "path": "NV4",
+                "ranks": 2,
                 "learned": [5.0],
                 "recent": [],
                 "degraded": False,
@@ -242,6 +243,21 @@ def test_a_larger_min_samples_sends_a_key_back_to_learning() -> None:
     verdicts = feed(restored, [LOW, LOW, LOW])  # learning again: learned, no verdict
     assert [v.baseline for v in verdicts] == [None, None, GOOD]
     assert not any(v.degraded for v in verdicts)
+
+
+def test_a_state_from_before_rank_counts_adopts_the_count_its_probe_ran_with() -> None:
+    # Written before baselines were kept per rank count: no "ranks" in the entries.
+    doc = {"version": 1, "baselines": [_entry(learned=[GOOD] * 5), _entry(probe="gone")]}
+    book = BaselineBook.from_json(doc, BaselinePolicy())
+    assert set(book.verdicts()) == {
+        ("link", "all_reduce", 8, "NV4", 0),
+        ("gone", "all_reduce", 8, "NV4", 0),
+    }
+    book.adopt_ranks(lambda probe: 8 if probe == "link" else None)
+    assert book.verdict(("link", "all_reduce", 8, "NV4", 8)) == Verdict(GOOD, None, False, 5, 0)
+    # A probe no longer configured keeps its old key: it never matches, and nothing is guessed.
+    assert ("gone", "all_reduce", 8, "NV4", 0) in book.verdicts()
+    assert book.observe(("link", "all_reduce", 8, "NV4", 8), GOOD).ratio == 1.0
 
 
 def _entry(**changes: object) -> dict[str, object]:

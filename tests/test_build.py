@@ -43,6 +43,7 @@ def node(tmp_path: Path, **settings: Any) -> NetmonConfig:
         "devices": [str(i) for i in range(8)],
         "state_dir": str(tmp_path / "state"),
         "pause_file": str(tmp_path / "pause"),
+        "pause_dir": str(tmp_path / "pause.d"),
         "rank_wrapper": NUMA_WRAPPER,
         "probes": [{"name": "small", "sizes": [8], "interval": "1s"}],
         "idle": {"samples": 1, "sample_interval": 0},
@@ -221,12 +222,16 @@ def test_pair_probes_use_only_the_configured_gpus(tmp_path: Path) -> None:
 
 
 def test_pair_probes_are_idle_checked_on_the_configured_gpus(tmp_path: Path) -> None:
-    # A job on GPU 2 (configured) skips the sweep; one on GPU 6 (not configured) does not.
+    # A job on GPU 2 (configured) skips its pairs, and the pairs of the idle GPUs are measured;
+    # one on GPU 6 (not configured) changes nothing.
     busy_2 = idle.ReplaySource([[reading(i, (999,) if i == 2 else ()) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), busy_2)
     runner.run("pairs")
-    assert RecordingLauncher.given == []
-    assert results.snapshot().probes["pairs"].skips == {"gpu_busy_process": 1}
+    pairs = {tuple(sorted(given["devices"])) for given in RecordingLauncher.given}
+    assert pairs == {("0", "1"), ("0", "3"), ("1", "3")}
+    assert results.snapshot().pair_skips[("pairs", "gpu_busy_process")] == 3
+    assert results.snapshot().probes["pairs"].skips == {}
+    RecordingLauncher.given.clear()
 
     busy_6 = idle.ReplaySource([[reading(i, (999,) if i == 6 else ()) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), busy_6)
@@ -234,7 +239,7 @@ def test_pair_probes_are_idle_checked_on_the_configured_gpus(tmp_path: Path) -> 
     assert len({tuple(g["devices"]) for g in RecordingLauncher.given}) == 6
 
 
-def test_pair_probes_wait_for_the_lock_of_their_gpus(tmp_path: Path) -> None:
+def test_pairs_of_a_gpu_another_probe_holds_are_skipped(tmp_path: Path) -> None:
     all_idle = idle.ReplaySource([[reading(i) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), all_idle)
     with runner.readiness.locks.hold(frozenset({"3"}), timeout=1) as got:
@@ -246,8 +251,9 @@ def test_pair_probes_wait_for_the_lock_of_their_gpus(tmp_path: Path) -> None:
             )
         )
         runner.run("pairs")
-    assert RecordingLauncher.given == []
-    assert results.snapshot().probes["pairs"].skips == {"devices_busy": 1}
+    pairs = {tuple(sorted(given["devices"])) for given in RecordingLauncher.given}
+    assert pairs == {("0", "1"), ("0", "2"), ("1", "2")}
+    assert results.snapshot().pair_skips[("pairs", "devices_busy")] == 3
 
 
 def test_a_collective_probe_ranks_get_their_gpu_and_numa_node(tmp_path: Path) -> None:

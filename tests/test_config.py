@@ -497,3 +497,17 @@ def test_any_file_and_environment_load_or_fail_in_one_line(
 def test_dump_of_any_valid_configuration_parses_back(tmp_path: Path) -> None:
     config = resolve(load_config(write(tmp_path, CONTRACT), environ={}), gpus=0)
     assert parse_config(yaml.safe_load(dump(config))) == config
+
+
+def test_gpus_idle_is_for_local_collectives_and_telemetry_takes_durations() -> None:
+    base = {"name": "p", "sizes": [8]}
+    config = parse_config({"probes": [{**base, "gpus": "idle", "min_gpus": 4}]})
+    assert config.probes is not None and config.probes[0].min_gpus == 4
+    with pytest.raises(ConfigError, match=r"probes\[0\]\.gpus: idle is for local collectives"):
+        parse_config({"probes": [{**base, "kind": "pairs", "gpus": "idle"}]})
+    with pytest.raises(ConfigError, match=r"probes\[0\]\.min_gpus"):
+        parse_config({"probes": [{**base, "min_gpus": 0}]})
+    telemetry = parse_config({"link_telemetry": {"interval": "2m", "nvlink_detail": "link"}})
+    assert telemetry.link_telemetry.interval == 120.0
+    with pytest.raises(ConfigError, match=r"link_telemetry\.nvlink_detail"):
+        parse_config({"link_telemetry": {"nvlink_detail": "lane"}})

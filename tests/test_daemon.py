@@ -106,7 +106,13 @@ def test_pause_file_stops_runs_and_counts_skips(
 
 def test_a_restart_keeps_the_baseline(daemons: list[DaemonProcess], tmp_path: Path) -> None:
     daemon = start(daemons, tmp_path)
-    key = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
+    key = {
+        "probe": "large",
+        "op": "all_reduce",
+        "size_bytes": "65536",
+        "path": "default",
+        "ranks": "2",
+    }
     learned = wait_until(
         lambda: daemon.value("netmon_busbw_baseline_bytes_per_second", **key),
         60,

@@ -65,6 +65,7 @@ SMALL = SeriesPoint(
     latency_s=2.5e-5,
     cv=0.04,
     measured_at=T0 + 10,
+    ranks=2,
 )
 LARGE = SeriesPoint(
     probe="large",
@@ -76,6 +77,7 @@ LARGE = SeriesPoint(
     latency_s=5.96e-3,
     cv=0.01,
     measured_at=T0 + 20,
+    ranks=8,
     baseline=100e9,
     ratio=0.9,
     degraded=True,
@@ -151,7 +153,13 @@ def test_series_families_carry_the_latest_measurement() -> None:
     assert value(registry, "netmon_busbw_baseline_ratio", **small) is None
     assert value(registry, "netmon_busbw_threshold_bytes_per_second", **small) is None
 
-    assert large == {"probe": "large", "op": "all_reduce", "size_bytes": "268435456", "path": "nv4"}
+    assert large == {
+        "probe": "large",
+        "op": "all_reduce",
+        "size_bytes": "268435456",
+        "path": "nv4",
+        "ranks": "8",
+    }
     assert value(registry, "netmon_busbw_bytes_per_second", **large) == 90e9
     assert value(registry, "netmon_busbw_baseline_bytes_per_second", **large) == 100e9
     assert value(registry, "netmon_busbw_baseline_ratio", **large) == 0.9
@@ -244,7 +252,7 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
     counters = {"runs", "failures", "skips", "busy_seconds"}
     assert {name for name, kind in types.items() if kind == "counter"} == {
         f"netmon_probe_{name}" for name in counters
-    } | {"netmon_transport_mismatch", "netmon_config_reload_failures"}
+    } | {"netmon_transport_mismatch", "netmon_config_reload_failures", "netmon_pair_skips"}
     assert set(types) >= set(SERIES_FAMILIES)
     assert all(kind in ("counter", "gauge") for kind in types.values())
 
@@ -321,7 +329,12 @@ FULL_SNAPSHOT = dataclasses.replace(
     topology=((0, 1, "NV18"),),
     transports=(("large", "default", "p2p"),),
     transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
-    link_health=_HEALTH,
+    pair_skips={("pairs", "gpu_busy_process"): 2},
+    link_health=dataclasses.replace(_HEALTH, under_load=False, read_at=T0 + 30),
+    link_load=_HEALTH,
+    link_interval_s=30.0,
+    link_read_errors=1,
+    nvlink_per_link=True,
     group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
     peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
     peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
@@ -389,7 +402,7 @@ def test_a_snapshot_is_rendered_once_however_many_scrape_it(
     current[0] = dataclasses.replace(SNAPSHOT, series=(replacement,))
     body = request(metrics, "GET", "/metrics")[2]
     assert page.renders == 2
-    assert b'path="nv4",probe="large",size_bytes="268435456"} 42.0' in body
+    assert b'path="nv4",probe="large",ranks="8",size_bytes="268435456"} 42.0' in body
 
 
 def test_results_give_one_snapshot_object_while_nothing_changes(
@@ -534,6 +547,7 @@ def results_config(tmp_path: Path) -> NetmonConfig:
             "ranks": 2,
             "state_dir": str(tmp_path),
             "pause_file": str(tmp_path / "pause"),
+            "pause_dir": str(tmp_path / "pause.d"),
             "probes": [
                 {"name": "small", "sizes": [8, "1K"], "interval": "60s"},
                 {"name": "large", "sizes": ["64K"], "interval": "15m", "min_busbw": "1G"},
@@ -638,7 +652,13 @@ def test_results_of_a_successful_run(setup: tuple[NetmonConfig, Results, Path]) 
     assert keys == [("large", 64 << 10), ("small", 8), ("small", 1024)]
 
     registry = make_registry(results.snapshot)
-    point = {"probe": "small", "op": "all_reduce", "size_bytes": "1024", "path": "default"}
+    point = {
+        "probe": "small",
+        "op": "all_reduce",
+        "size_bytes": "1024",
+        "path": "default",
+        "ranks": "2",
+    }
     assert value(registry, "netmon_busbw_bytes_per_second", **point) == 10e9
     assert value(registry, "netmon_algbw_bytes_per_second", **point) == 10e9  # 2 ranks: factor 1
     assert value(registry, "netmon_latency_seconds", **point) == pytest.approx(1024 / 10e9)
@@ -690,7 +710,13 @@ def test_results_count_failures_by_reason_and_skips(
     assert value(registry, "netmon_probe_skips_total", probe="small", reason="paused") == 2
     assert value(registry, "netmon_probe_skips_total", probe="large", reason="paused") == 0
     # The last good measurement stays exported; its timestamp tells how old it is.
-    point = {"probe": "small", "op": "all_reduce", "size_bytes": "8", "path": "default"}
+    point = {
+        "probe": "small",
+        "op": "all_reduce",
+        "size_bytes": "8",
+        "path": "default",
+        "ranks": "2",
+    }
     assert value(registry, "netmon_busbw_bytes_per_second", **point) == 10e9
 
 
@@ -701,7 +727,13 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     assert config.probes is not None
     large = config.probes[1]
     registry = make_registry(results.snapshot)
-    point = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
+    point = {
+        "probe": "large",
+        "op": "all_reduce",
+        "size_bytes": "65536",
+        "path": "default",
+        "ranks": "2",
+    }
 
     def feed(busbw: float) -> baseline.Verdict:
         (verdict,) = run(results, large, outcome(config, large, busbw=busbw))
@@ -733,7 +765,7 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     # The state file holds the same book, and was written whole (no temporary left behind).
     saved, warning = baseline.load(state, config.baseline)
     assert warning is None
-    key = ("large", "all_reduce", 64 << 10, "default")
+    key = ("large", "all_reduce", 64 << 10, "default", 2)
     verdict = saved.verdict(key)
     assert verdict is not None and verdict.baseline == 10e9 and not verdict.degraded
     document = json.loads(state.read_text())

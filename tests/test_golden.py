@@ -53,6 +53,7 @@ def daemon_config(tmp_path: Path) -> dict[str, Any]:
         "backend": "gloo",
         "ranks": 2,
         "pause_file": str(tmp_path / "pause"),
+        "pause_dir": str(tmp_path / "pause.d"),
         "probes": [
             {"name": "small", "sizes": [8, "1K"], "interval": "1h", "iters": 3, "warmup": 1},
             {

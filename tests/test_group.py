@@ -98,7 +98,7 @@ def leader(daemon: DaemonProcess) -> str | None:
 
 
 def group_busbw(daemon: DaemonProcess) -> float | None:
-    return daemon.value(
+    return daemon.value_with(
         "netmon_busbw_bytes_per_second",
         probe="cross",
         op="all_reduce",
@@ -163,7 +163,7 @@ def test_three_daemons_form_a_group_survive_members_and_hand_over(group3: Group)
     daemons[third] = group3.start(third)
     wait_until(lambda: up(head, third) == 1.0, 60, "the member to rejoin")
     stamp = (
-        head.value(
+        head.value_with(
             "netmon_measurement_timestamp_seconds",
             probe="cross",
             op="all_reduce",
@@ -175,7 +175,7 @@ def test_three_daemons_form_a_group_survive_members_and_hand_over(group3: Group)
     wait_until(
         lambda: (
             (
-                head.value(
+                head.value_with(
                     "netmon_measurement_timestamp_seconds",
                     probe="cross",
                     op="all_reduce",

@@ -18,7 +18,7 @@ from tests.daemon_harness import DaemonProcess, secret_file, wait_until
 from tests.netns import Link
 
 PORT = 29400
-KEY = {"probe": "cross", "op": "all_reduce", "size_bytes": "2097152", "path": "group"}
+KEY = {"probe": "cross", "op": "all_reduce", "size_bytes": "2097152", "path": "group", "ranks": "2"}
 
 
 @pytest.fixture

@@ -88,6 +88,7 @@ def node_config(tmp_path: Path, transport: str | None) -> NetmonConfig:
         "devices": ["0", "1"],
         "state_dir": str(tmp_path),
         "pause_file": str(tmp_path / "pause"),
+        "pause_dir": str(tmp_path / "pause.d"),
         "group": group,
         "probes": [
             {"name": "small", "sizes": [8], "interval": "1m"},

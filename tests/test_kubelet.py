@@ -488,6 +488,7 @@ def test_the_daemon_skips_a_gpu_the_kubelet_gave_to_a_pod(
         "backend": "nccl",
         "devices": ["0"],
         "pause_file": str(tmp_path / "pause"),
+        "pause_dir": str(tmp_path / "pause.d"),
         "probes": [{"name": "small", "sizes": [8], "interval": "1s"}],
         "idle": {"samples": 1},
     }

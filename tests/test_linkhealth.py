@@ -217,8 +217,11 @@ class Fixed:
         yield from self.families
 
 
-def health_families(health: LinkHealth | None) -> list[Metric]:
-    return list(link_health_families(Snapshot(link_health=health)))
+def health_families(health: LinkHealth | None, per_link: bool = True) -> list[Metric]:
+    """As the daemon's results publish a reading: one under load is also the generation's."""
+    load = health if health is not None and health.under_load else None
+    snapshot = Snapshot(link_health=health, link_load=load, nvlink_per_link=per_link)
+    return list(link_health_families(snapshot))
 
 
 def registry_of(health: LinkHealth | None) -> CollectorRegistry:
@@ -394,3 +397,47 @@ def test_stand_in_field_values_are_real_structs() -> None:
         0, [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0xFFFFFFFF)]
     )
     assert field_number(values[0]) == 5
+
+
+def test_nvlinks_are_summed_per_gpu_by_default() -> None:
+    def link(gpu: int, number: int, active: bool, replay: int | None) -> NvLinkReading:
+        return NvLinkReading(gpu, number, active, replay, 0, None, 0)
+
+    nvlinks = (
+        link(0, 0, True, 2),
+        link(0, 1, False, 3),
+        link(0, 2, True, None),
+        link(1, 0, True, 0),
+    )
+    health = LinkHealth((), nvlinks, (), under_load=False, read_at=1.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed(health_families(health, per_link=False)))
+    value = registry.get_sample_value
+    assert value("netmon_nvlink_links", {"gpu": "0"}) == 3
+    assert value("netmon_nvlink_active_links", {"gpu": "0"}) == 2
+    assert value("netmon_nvlink_gpu_errors_total", {"gpu": "0", "error": "replay"}) == 5
+    assert value("netmon_nvlink_gpu_errors_total", {"gpu": "1", "error": "replay"}) == 0
+    # A counter no link reports is left out, never summed to 0.
+    assert value("netmon_nvlink_gpu_errors_total", {"gpu": "0", "error": "crc_flit"}) is None
+    # Per-link series only when asked for (link_telemetry.nvlink_detail: link).
+    assert value("netmon_nvlink_up", {"gpu": "0", "link": "1"}) is None
+    text = generate_latest(registry).decode()
+    assert "netmon_nvlink_errors_total" not in text and "netmon_nvlink_up" not in text
+
+
+def test_generation_is_judged_on_the_last_reading_under_load_and_width_on_the_latest() -> None:
+    # Under pcie-path traffic GPU 0 ran Gen4 of Gen5 (downtrained); the passive reading after it
+    # shows Gen1 at idle (power saving, not judged) and a width that has since dropped to x8.
+    load = LinkHealth((PcieReading(0, 4, 5, 16, 16, 0),), (), (), under_load=True, read_at=10.0)
+    idle = LinkHealth((PcieReading(0, 1, 5, 8, 16, 0),), (), (), under_load=False, read_at=40.0)
+    snapshot = Snapshot(link_health=idle, link_load=load, link_interval_s=30.0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed(list(link_health_families(snapshot))))
+    value = registry.get_sample_value
+    assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "generation"}) == 1
+    assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "width"}) == 1
+    assert value("netmon_pcie_link_generation", {"gpu": "0"}) == 1  # what the link does now
+    assert value("netmon_link_health_read_timestamp_seconds") == 40.0
+    assert value("netmon_pcie_link_load_read_timestamp_seconds") == 10.0
+    assert value("netmon_link_health_under_load") == 0
+    assert value("netmon_link_health_interval_seconds") == 30.0

@@ -34,6 +34,7 @@ def _runner(
                 "devices": ["0", "1"],
                 "state_dir": str(tmp_path),
                 "pause_file": str(tmp_path / "pause"),
+                "pause_dir": str(tmp_path / "pause.d"),
                 "probes": [{"name": "small", "sizes": [8], "interval": "1s"}],
                 "idle": {"samples": 2, "sample_interval": 0},
             }

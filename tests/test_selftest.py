@@ -25,6 +25,7 @@ from netmon.selftest import checks, drill, report, versus
 from netmon.selftest import run as selftest_run
 from netmon.selftest.checks import Row
 from netmon.selftest.run import GLOO_PATHS
+from tests.gpu_node import dgx_h100
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NETMON = [sys.executable, "-m", "netmon"]
@@ -463,6 +464,10 @@ def test_the_gpu_sequence_with_probes_replayed(
         return outcome_of(spec, busbw, environment=env, peak_device_memory_bytes=peak)
 
     monkeypatch.setattr(selftest_run, "run_probe", replay)
+    node = dgx_h100()
+    monkeypatch.setattr(
+        selftest_run, "_telemetry_read", lambda: (node.link_health(False), node.read())
+    )
     devices = tuple(f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(8))
     plan = selftest_run.Plan(
         NetmonConfig(backend="nccl", devices=devices, pause_file=None),
@@ -489,6 +494,7 @@ def test_the_gpu_sequence_with_probes_replayed(
         expected = "SKIP" if op == "all_gather_object" else "PASS"
         assert rows[f"memory {op}"].status == expected, rows[f"memory {op}"]
     assert rows["pinning"].detail == "the ranks did not report their GPU"
+    assert rows["link telemetry"].measured == "8 GPUs' PCIe, 144 NVLinks (144 active)"
     assert checks.exit_code(done.rows) == 0
 
 
@@ -565,3 +571,22 @@ def test_the_selftest_process_never_imports_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ}, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_telemetry_row_fails_when_the_read_left_a_cuda_context_or_missed_a_gpu() -> None:
+    from netmon.gpu.idle import GpuReading
+    from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, PcieReading
+    from netmon.selftest.checks import telemetry_row
+
+    def gpu(index: int, pids: tuple[int, ...] = ()) -> GpuReading:
+        return GpuReading(index, f"GPU-{index}", 0.0, 1 << 20, pids)
+
+    pcie = tuple(PcieReading(i, 1, 5, 16, 16, 0) for i in range(2))
+    links = tuple(NvLinkReading(i, 0, True, 0, 0, 0, 0) for i in range(2))
+    health = LinkHealth(pcie, links, (), under_load=False, read_at=1.0)
+    ok = telemetry_row(4242, health, [gpu(0, (77,)), gpu(1)])
+    assert (ok.status, ok.measured) == ("PASS", "2 GPUs' PCIe, 2 NVLinks (2 active)")
+    held = telemetry_row(4242, health, [gpu(0), gpu(1, (4242,))])
+    assert held.status == "FAIL" and "compute process on GPU(s) [1]" in held.detail
+    missed = telemetry_row(4242, health, [gpu(0), gpu(1), gpu(2)])
+    assert missed.status == "FAIL" and missed.detail == "no PCIe reading for GPU(s) [2]"

@@ -717,3 +717,39 @@ def test_read_topology_on_this_machine() -> None:
         assert "NVML unavailable" in str(exc)
     else:
         assert len(topology.pairs()) == len(topology.gpus) * (len(topology.gpus) - 1) // 2
+
+
+# ---- the idle set a `gpus: idle` collective runs on ----
+
+
+def test_idle_set_takes_the_largest_nvlink_island_that_is_large_enough() -> None:
+    from netmon.topology.plan import idle_set
+
+    bridged = parse_topo_matrix(text("topo_3x_rtxa6000_nv4_bridge_pair.txt"))
+    assert idle_set(bridged, [0, 1, 2], 2) == (0, 1)  # the NV4 pair, not the PCIe mix
+    assert idle_set(bridged, [0, 1, 2], 3) == (0, 1, 2)  # no island of 3: every idle GPU
+    assert idle_set(bridged, [0, 2], 2) == (0, 2)
+    assert idle_set(bridged, [2], 2) == ()
+    dgx = parse_topo_matrix(text("topo_8xH100_sxm_nv18_nonic_mlengineering.txt"))
+    assert idle_set(dgx, [0, 2, 4, 5, 7], 4) == (0, 2, 4, 5, 7)
+    assert idle_set(dgx, [0, 2, 5], 4) == ()
+    assert idle_set(None, [3, 1], 2) == (1, 3)
+
+
+def test_equal_islands_prefer_one_numa_node_then_the_lowest_indexes() -> None:
+    from netmon.topology.model import Gpu, PathClass, Topology
+    from netmon.topology.plan import idle_set
+
+    # Two NV2 islands of two GPUs: {0, 1} across NUMA nodes, {2, 3} on NUMA node 1.
+    numa = {0: 0, 1: 1, 2: 1, 3: 1}
+    gpus = tuple(Gpu(i, numa=numa[i]) for i in range(4))
+    nv = {frozenset({0, 1}), frozenset({2, 3})}
+    links = {
+        (a, b): PathClass.parse("NV2" if frozenset({a, b}) in nv else "SYS")
+        for a in range(4)
+        for b in range(4)
+        if a != b
+    }
+    topology = Topology(gpus, path=links)
+    assert idle_set(topology, [0, 1, 2, 3], 2) == (2, 3)
+    assert idle_set(topology, [0, 1, 2], 2) == (0, 1)  # {2} alone is too small

@@ -17,7 +17,7 @@ def busbw_against_size(outcomes: Sequence[ProbeOutcome], target: Path) -> None:
         matplotlib.use("Agg")  # no display: render straight to the file
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot: needs matplotlib: pip install 'netmon[plot]'") from None
+        raise UsageError("--plot: needs matplotlib: pip install 'netmon-gpu[plot]'") from None
     figure, axes = plt.subplots(figsize=(8, 5))
     for outcome in outcomes:
         if not outcome.results:

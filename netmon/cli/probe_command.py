@@ -116,7 +116,7 @@ def add_parser(commands: Any) -> None:
         type=Path,
         metavar="FILE.png",
         help="draw busbw against size for every op, path and chunking (needs matplotlib: "
-        "pip install 'netmon[plot]')",
+        "pip install 'netmon-gpu[plot]')",
     )
     probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
     probe.add_argument(

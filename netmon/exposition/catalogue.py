@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from netmon.gpu.idle import REASONS as IDLE_REASONS
+
 # info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
 # netmon serves (0.0.4) has no info type, so it is exposed as a gauge, as it always was.
 Kind = Literal["gauge", "counter", "info"]
@@ -16,11 +18,17 @@ Kind = Literal["gauge", "counter", "info"]
 # when NVML is read. Either way the reader learns that the value is not measured at scrape time.
 Measured = Literal["", "probes", "nvml"]
 
-SERIES_LABELS = ("probe", "op", "size_bytes", "path")
+# ranks: the world size (GPUs or CPU ranks) the value was measured with, bounded by the node's
+# GPU count (a probe with `gpus: idle` runs on as many as are idle; a group round on the group's).
+SERIES_LABELS = ("probe", "op", "size_bytes", "path", "ranks")
 
 NVML_WHEN = (
-    "Read from NVML when a probe runs, during its traffic when netmon_link_health_under_load is 1;"
-    " not at scrape time"
+    "Read from NVML every {interval} (link_telemetry.interval) whether or not jobs run, and "
+    "during pcie-path probe traffic; not at scrape time"
+)
+NVML_WHEN_PROBES = (
+    "Read from NVML during pcie-path probe traffic only (link_telemetry.interval is 0); not at "
+    "scrape time"
 )
 
 # Bounded label values, exported as 0 from the start so that rate() and increase() see the first
@@ -64,6 +72,9 @@ SKIP_REASONS = (
     "member_absent",
     "path_unsupported",
 )
+# Why a pair of a pairs probe was not measured: a GPU of it paused, held by another probe, or not
+# idle by NVML or the kubelet (netmon.gpu.idle's reasons).
+PAIR_SKIP_REASONS = ("paused", "devices_busy", *IDLE_REASONS)
 
 
 @dataclass(frozen=True)
@@ -115,7 +126,7 @@ CATALOGUE: tuple[Family, ...] = (
            _SERIES, "Configured min_busbw of the probe", "probes"),
     # paths: path variants against each other, and the transports NCCL chose
     Family("paths", "netmon_nvlink_pcie_busbw_ratio", "gauge", "ratio",
-           ("probe", "op", "size_bytes"),
+           ("probe", "op", "size_bytes", "ranks"),
            "busbw on the default (NVLink) path over the PCIe host-memory path (NCCL_P2P_DISABLE)",
            "probes"),
     Family("paths", "netmon_transport_info", "info", "", ("probe", "path", "transport"),
@@ -131,6 +142,12 @@ CATALOGUE: tuple[Family, ...] = (
            "A pair's busbw at its largest size over the median of its path class", "probes"),
     Family("pairs", "netmon_link_suspect", "gauge", "", _PAIR,
            "1 when the pair is low against its path class and neither GPU explains it"),
+    Family("pairs", "netmon_link_measurement_timestamp_seconds", "gauge", "seconds", _PAIR,
+           "When the pair was last measured (a sweep measures the pairs whose two GPUs are idle "
+           "then; the others keep their last result)"),
+    Family("pairs", "netmon_pair_skips", "counter", "", ("probe", "reason"),
+           "GPU pairs a sweep did not measure, by reason (a GPU of the pair paused, held by "
+           "another probe, or not idle)"),
     Family("pairs", "netmon_gpu_suspect", "gauge", "", ("probe", "gpu"),
            "1 when every pair of this GPU (or CPU rank) is low against its path class"),
     Family("pairs", "netmon_topology_link_info", "info", "", ("gpu", "peer_gpu", "path"),
@@ -168,11 +185,18 @@ CATALOGUE: tuple[Family, ...] = (
            "nvml"),
     Family("link_health", "netmon_pcie_replay_errors", "counter", "", ("gpu",),
            "PCIe replays since the GPU was last reset", "nvml"),
+    Family("link_health", "netmon_nvlink_links", "gauge", "", ("gpu",),
+           "NVLinks NVML reports for the GPU, active or not", "nvml"),
+    Family("link_health", "netmon_nvlink_active_links", "gauge", "", ("gpu",),
+           "NVLinks of the GPU that are active", "nvml"),
+    Family("link_health", "netmon_nvlink_gpu_errors", "counter", "", ("gpu", "error"),
+           "NVLink data-link errors since the last reset, summed over the GPU's links: replay, "
+           "recovery, CRC flit, CRC data", "nvml"),
     Family("link_health", "netmon_nvlink_up", "gauge", "", ("gpu", "link"),
-           "1 when the NVLink is active", "nvml"),
+           "1 when the NVLink is active (link_telemetry.nvlink_detail: link)", "nvml"),
     Family("link_health", "netmon_nvlink_errors", "counter", "", ("gpu", "link", "error"),
-           "NVLink data-link errors since the last reset: replay, recovery, CRC flit, CRC data",
-           "nvml"),
+           "NVLink data-link errors since the last reset: replay, recovery, CRC flit, CRC data "
+           "(link_telemetry.nvlink_detail: link)", "nvml"),
     Family("link_health", "netmon_nvlink_throughput_bytes", "counter", "bytes",
            ("gpu", "direction"),
            "NVLink payload bytes over all links of the GPU (NVML counts KiB), direction tx or rx",
@@ -181,6 +205,13 @@ CATALOGUE: tuple[Family, ...] = (
            "When the link health metrics were read", "nvml"),
     Family("link_health", "netmon_link_health_under_load", "gauge", "", (),
            "1 if the link health metrics were read while probe traffic flowed, 0 if on idle links"),
+    Family("link_health", "netmon_link_health_interval_seconds", "gauge", "seconds", (),
+           "Configured seconds between link health reads (link_telemetry.interval)"),
+    Family("link_health", "netmon_link_health_read_errors", "counter", "", (),
+           "Scheduled link health reads that NVML could not answer"),
+    Family("link_health", "netmon_pcie_link_load_read_timestamp_seconds", "gauge", "seconds", (),
+           "When the PCIe links were last read under pcie-path probe traffic (the reading the "
+           "generation is judged on)", "nvml"),
     # group: node pairs across a group, and the group itself
     Family("group", "netmon_peer_busbw_bytes_per_second", "gauge", "bytes_per_second",
            ("probe", "size_bytes", "peer"),

@@ -17,9 +17,15 @@ from typing import TypeAlias
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from netmon.exposition.catalogue import BY_NAME, FAILURE_REASONS, NVML_WHEN, SKIP_REASONS
+from netmon.exposition.catalogue import (
+    BY_NAME,
+    FAILURE_REASONS,
+    NVML_WHEN,
+    NVML_WHEN_PROBES,
+    SKIP_REASONS,
+)
 from netmon.exposition.snapshot import LinkPoint, Snapshot
-from netmon.gpu.linkhealth import LinkHealth, downtrained
+from netmon.gpu.linkhealth import LinkHealth, downtrained, nvlink_sums
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +48,10 @@ def family(name: str, snapshot: Snapshot) -> MetricFamily:
     documentation = entry.help
     if entry.measured == "probes":
         documentation += f". {_interval_text(snapshot)}."
+    elif entry.measured == "nvml" and snapshot.link_interval_s:
+        documentation += f". {NVML_WHEN.format(interval=f'{snapshot.link_interval_s:g} s')}."
     elif entry.measured == "nvml":
-        documentation += f". {NVML_WHEN}."
+        documentation += f". {NVML_WHEN_PROBES}."
     if entry.type == "counter":
         return CounterMetricFamily(name, documentation, labels=entry.labels)
     return GaugeMetricFamily(name, documentation, labels=entry.labels)
@@ -86,12 +94,13 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 def path_families(snapshot: Snapshot) -> Iterator[Metric]:
     ratio = family("netmon_nvlink_pcie_busbw_ratio", snapshot)
-    by_key: dict[tuple[str, str, int], dict[str, float]] = {}
+    by_key: dict[tuple[str, str, int, int], dict[str, float]] = {}
     for point in snapshot.series:
-        by_key.setdefault((point.probe, point.op, point.size_bytes), {})[point.path] = point.busbw
-    for (probe, op, size), paths in sorted(by_key.items()):
+        key = (point.probe, point.op, point.size_bytes, point.ranks)
+        by_key.setdefault(key, {})[point.path] = point.busbw
+    for (probe, op, size, ranks), paths in sorted(by_key.items()):
         if paths.get("default") and paths.get("pcie"):
-            ratio.add_metric([probe, op, str(size)], paths["default"] / paths["pcie"])
+            ratio.add_metric([probe, op, str(size), str(ranks)], paths["default"] / paths["pcie"])
     yield ratio
     info = family("netmon_transport_info", snapshot)
     for probe, path, transport in snapshot.transports:
@@ -114,11 +123,16 @@ def pair_families(snapshot: Snapshot) -> Iterator[Metric]:
         key = (point.probe, point.gpu, point.peer_gpu)
         if key not in largest or point.size_bytes > largest[key].size_bytes:
             largest[key] = point
+    measured = family("netmon_link_measurement_timestamp_seconds", snapshot)
     for point in largest.values():
         names = [point.probe, str(point.gpu), str(point.peer_gpu), point.path]
         if point.ratio is not None:
             ratio.add_metric(names, point.ratio)
         suspect.add_metric(names, 1.0 if point.suspect else 0.0)
+        measured.add_metric(names, point.measured_at)
+    skips = family("netmon_pair_skips", snapshot)
+    for (probe, reason), count in sorted(snapshot.pair_skips.items()):
+        skips.add_metric([probe, reason], count)
     gpu_suspect = family("netmon_gpu_suspect", snapshot)
     for probe, members in sorted(snapshot.pair_members.items()):
         suspects = set(snapshot.suspect_gpus.get(probe, ()))
@@ -127,7 +141,7 @@ def pair_families(snapshot: Snapshot) -> Iterator[Metric]:
     topology = family("netmon_topology_link_info", snapshot)
     for gpu_index, peer_index, path in snapshot.topology:
         topology.add_metric([str(gpu_index), str(peer_index), path], 1.0)
-    yield from (busbw, ratio, suspect, gpu_suspect, topology)
+    yield from (busbw, ratio, suspect, measured, skips, gpu_suspect, topology)
 
 
 def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -164,22 +178,35 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def link_health_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """PCIe and NVLink health from the last NVML reading; nothing before the first one.
+    """PCIe and NVLink health from the latest NVML reading; nothing before the first one.
 
-    Series whose value NVML could not give are left out, never exported as 0. The generation
-    verdict exists only for readings taken under load (an idle link is slow by design).
+    Series whose value NVML could not give are left out, never exported as 0. The width verdict
+    comes from the latest reading; the generation verdict only from the latest one taken under
+    pcie-path traffic (an idle link is slow by design). NVLinks are summed per GPU, and listed
+    one by one too with link_telemetry.nvlink_detail: link.
     """
+    if snapshot.link_interval_s:
+        interval = family("netmon_link_health_interval_seconds", snapshot)
+        interval.add_metric([], snapshot.link_interval_s)
+        errors = family("netmon_link_health_read_errors", snapshot)
+        errors.add_metric([], snapshot.link_read_errors)
+        yield from (interval, errors)
     if snapshot.link_health is not None:
-        yield from _health_families(snapshot.link_health, snapshot)
+        yield from _pcie_families(snapshot.link_health, snapshot.link_load, snapshot)
+        yield from _nvlink_families(snapshot.link_health, snapshot)
+        yield from _reading_families(snapshot.link_health, snapshot.link_load, snapshot)
 
 
-def _health_families(health: LinkHealth, snapshot: Snapshot) -> Iterator[Metric]:
+def _pcie_families(
+    health: LinkHealth, load: LinkHealth | None, snapshot: Snapshot
+) -> Iterator[Metric]:
     generation = family("netmon_pcie_link_generation", snapshot)
     generation_max = family("netmon_pcie_link_generation_max", snapshot)
     width = family("netmon_pcie_link_width", snapshot)
     width_max = family("netmon_pcie_link_width_max", snapshot)
     downtrain = family("netmon_pcie_link_downtrained", snapshot)
     replays = family("netmon_pcie_replay_errors", snapshot)
+    under_load = {pcie.gpu: pcie for pcie in (load.pcie if load is not None else ())}
     for pcie in health.pcie:
         gpu = str(pcie.gpu)
         for gauge, value in (
@@ -190,15 +217,35 @@ def _health_families(health: LinkHealth, snapshot: Snapshot) -> Iterator[Metric]
         ):
             if value is not None:
                 gauge.add_metric([gpu], value)
-        found = downtrained(pcie, health.under_load)
-        if health.under_load and pcie.gen is not None and pcie.gen_max is not None:
-            downtrain.add_metric([gpu, "generation"], 1.0 if "generation" in found else 0.0)
+        loaded = under_load.get(pcie.gpu)
+        if loaded is not None and loaded.gen is not None and loaded.gen_max is not None:
+            slow = "generation" in downtrained(loaded, under_load=True)
+            downtrain.add_metric([gpu, "generation"], 1.0 if slow else 0.0)
         if pcie.width is not None and pcie.width_max is not None:
-            downtrain.add_metric([gpu, "width"], 1.0 if "width" in found else 0.0)
+            narrow = "width" in downtrained(pcie, under_load=False)
+            downtrain.add_metric([gpu, "width"], 1.0 if narrow else 0.0)
         if pcie.replay_counter is not None:
             replays.add_metric([gpu], pcie.replay_counter)
     yield from (generation, generation_max, width, width_max, downtrain, replays)
 
+
+def _nvlink_families(health: LinkHealth, snapshot: Snapshot) -> Iterator[Metric]:
+    links = family("netmon_nvlink_links", snapshot)
+    active = family("netmon_nvlink_active_links", snapshot)
+    summed = family("netmon_nvlink_gpu_errors", snapshot)
+    for gpu, sums in sorted(nvlink_sums(health.nvlinks).items()):
+        links.add_metric([str(gpu)], sums.links)
+        active.add_metric([str(gpu)], sums.active)
+        for error, errors_seen in sums.errors.items():
+            summed.add_metric([str(gpu), error], errors_seen)
+    throughput = family("netmon_nvlink_throughput_bytes", snapshot)
+    for sent in health.throughput:
+        for direction, total in (("tx", sent.tx_bytes), ("rx", sent.rx_bytes)):
+            if total is not None:
+                throughput.add_metric([str(sent.gpu), direction], total)
+    yield from (links, active, summed, throughput)
+    if not snapshot.nvlink_per_link:
+        return
     up = family("netmon_nvlink_up", snapshot)
     errors = family("netmon_nvlink_errors", snapshot)
     for nvlink in health.nvlinks:
@@ -207,18 +254,21 @@ def _health_families(health: LinkHealth, snapshot: Snapshot) -> Iterator[Metric]
         for error, count in nvlink.errors().items():
             if count is not None:
                 errors.add_metric([*labels, error], count)
-    throughput = family("netmon_nvlink_throughput_bytes", snapshot)
-    for sent in health.throughput:
-        for direction, total in (("tx", sent.tx_bytes), ("rx", sent.rx_bytes)):
-            if total is not None:
-                throughput.add_metric([str(sent.gpu), direction], total)
-    yield from (up, errors, throughput)
+    yield from (up, errors)
 
+
+def _reading_families(
+    health: LinkHealth, load: LinkHealth | None, snapshot: Snapshot
+) -> Iterator[Metric]:
     read_at = family("netmon_link_health_read_timestamp_seconds", snapshot)
     read_at.add_metric([], health.read_at)
     under_load = family("netmon_link_health_under_load", snapshot)
     under_load.add_metric([], 1.0 if health.under_load else 0.0)
     yield from (read_at, under_load)
+    if load is not None:
+        load_at = family("netmon_pcie_link_load_read_timestamp_seconds", snapshot)
+        load_at.add_metric([], load.read_at)
+        yield load_at
 
 
 def group_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from netmon.baseline import Verdict
     from netmon.probe.spec import ProbeOutcome
 
-SeriesKey: TypeAlias = tuple[str, str, int, str]  # (probe, op, size_bytes, path)
+SeriesKey: TypeAlias = tuple[str, str, int, str, int]  # (probe, op, size_bytes, path, ranks)
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class SeriesPoint:
     latency_s: float
     cv: float
     measured_at: float
+    ranks: int = 0  # world size: a probe on the idle set has one series per rank count
     baseline: float | None = None
     ratio: float | None = None
     degraded: bool = False
@@ -37,10 +38,10 @@ class SeriesPoint:
 
     @property
     def key(self) -> SeriesKey:
-        return (self.probe, self.op, self.size_bytes, self.path)
+        return (self.probe, self.op, self.size_bytes, self.path, self.ranks)
 
     def labels(self) -> list[str]:
-        return [self.probe, self.op, str(self.size_bytes), self.path]
+        return [self.probe, self.op, str(self.size_bytes), self.path, str(self.ranks)]
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,12 @@ class VerdictPoint:
     op: str
     size_bytes: int
     path: str
+    ranks: int
     baseline: float | None
     degraded: bool
 
     def labels(self) -> list[str]:
-        return [self.probe, self.op, str(self.size_bytes), self.path]
+        return [self.probe, self.op, str(self.size_bytes), self.path, str(self.ranks)]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class LinkPoint:
     ratio: float | None  # to the median of its path class (judged at the largest size)
     low: bool
     suspect: bool
+    measured_at: float = 0.0  # when this pair was last measured (pairs run when both are idle)
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,15 @@ class Snapshot:
     topology: tuple[tuple[int, int, str], ...] = ()  # (gpu, peer_gpu, path class)
     transports: tuple[tuple[str, str, str], ...] = ()  # (probe, path, transport)
     transport_faults: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
-    link_health: LinkHealth | None = None  # read from NVML during probe traffic
+    # Pairs of a pairs probe not measured (a GPU busy, paused...), by (probe, reason).
+    pair_skips: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    link_health: LinkHealth | None = None  # the latest NVML reading, idle or under load
+    # The latest reading taken under pcie-path traffic: the PCIe generation is judged on it.
+    link_load: LinkHealth | None = None
+    # Link telemetry: seconds between reads (0: off), reads that failed, per-link series too.
+    link_interval_s: float = 0.0
+    link_read_errors: int = 0
+    nvlink_per_link: bool = False
     group: GroupView | None = None
     peers: tuple[PeerPoint, ...] = ()
     peer_verdicts: Mapping[str, PeerVerdict] = field(default_factory=dict)
@@ -156,7 +167,7 @@ def series_points(
     where = outcome.spec.path if path is None else path
     points = []
     for result in outcome.results:
-        key = (probe, result.op, result.size_bytes, where)
+        key = (probe, result.op, result.size_bytes, where, outcome.spec.ranks)
         verdict = judge(key, result.busbw_bytes_per_second) if judge is not None else None
         points.append(
             SeriesPoint(
@@ -169,6 +180,7 @@ def series_points(
                 latency_s=result.time_s,
                 cv=result.cv,
                 measured_at=measured_at,
+                ranks=outcome.spec.ranks,
                 baseline=verdict.baseline if verdict is not None else None,
                 ratio=verdict.ratio if verdict is not None else None,
                 degraded=verdict.degraded if verdict is not None else False,

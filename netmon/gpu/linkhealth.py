@@ -338,3 +338,28 @@ def parse_nvlink_status(text: str) -> list[NvLinkReading]:
                 )
             )
     return readings
+
+
+@dataclass(frozen=True)
+class NvLinkSums:
+    """One GPU's NVLinks in a few numbers: how many NVML lists, how many are active, and each
+    error counter summed over the links that report it (absent when none does)."""
+
+    links: int
+    active: int
+    errors: dict[NvLinkError, int]
+
+
+def nvlink_sums(readings: Iterable[NvLinkReading]) -> dict[int, NvLinkSums]:
+    by_gpu: dict[int, list[NvLinkReading]] = {}
+    for reading in readings:
+        by_gpu.setdefault(reading.gpu, []).append(reading)
+    sums = {}
+    for gpu, links in by_gpu.items():
+        errors: dict[NvLinkError, int] = {}
+        for link in links:
+            for error, count in link.errors().items():
+                if count is not None:
+                    errors[error] = errors.get(error, 0) + count
+        sums[gpu] = NvLinkSums(len(links), sum(link.active for link in links), errors)
+    return sums

@@ -2,6 +2,8 @@
 
 Pairs in one round run at the same time (they share no GPU, and the plan keeps pairs that share a
 PCIe switch uplink apart); each pair gets fresh rank processes, so a hung pair is killed alone.
+A gate (the daemon's readiness) may hold each pair's two GPUs while it runs, stop it alone when a
+job takes one of them, or skip it.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from netmon.probe.build import Placement
@@ -25,6 +28,27 @@ class PairOutcome:
     pair: Pair
     path: str
     outcome: ProbeOutcome
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a pair may do now: run with its own abort check, or be skipped for `reason`."""
+
+    reason: str | None = None
+    detail: str = ""
+    abort: AbortCheck | None = None
+
+
+@dataclass(frozen=True)
+class PairSkip:
+    pair: Pair
+    path: str
+    reason: str
+    detail: str
+
+
+# Holds a pair's GPUs while it runs (entered before its ranks start, left after they are gone).
+PairGate = Callable[[Pair], AbstractContextManager[Gate]]
 
 
 def pair_placement(pair: Pair, backend: str) -> Placement:
@@ -46,15 +70,20 @@ def run_pair_rounds(
     abort: AbortCheck | None = None,
     python: str | None = None,
     on_pair: Callable[[PairOutcome], None] | None = None,
+    on_skip: Callable[[PairSkip], None] | None = None,
     parallel: bool | None = None,
+    gate: PairGate | None = None,
 ) -> list[PairOutcome]:
     """Run every round in order, the pairs of a round concurrently; stop early on abort.
 
     `spec_of` makes a pair's spec (probe.build with pair_placement). `parallel` defaults to True
     for GPUs and False for CPU ranks: gloo ranks share the host's cores, so concurrent pairs
-    would measure each other rather than their links.
+    would measure each other rather than their links. `abort` stops the whole sweep; `gate`
+    decides each pair (its abort check then stops that pair alone), and a pair it refuses goes
+    to `on_skip`.
     """
     done: list[PairOutcome] = []
+    run = _Round(abort, python or sys.executable, gate, on_skip)
     for round_pairs in rounds:
         if abort is not None and abort() is not None:
             break
@@ -63,8 +92,10 @@ def run_pair_rounds(
         groups = [list(round_pairs)] if concurrent else [[pair] for pair in round_pairs]
         outcomes: dict[Pair, ProbeOutcome] = {}
         for group in groups:
-            outcomes.update(_run_round(specs, group, abort, python or sys.executable))
+            outcomes.update(run(specs, group, paths))
         for pair in round_pairs:
+            if pair not in outcomes:
+                continue
             result = PairOutcome(pair, paths.get(pair, "unknown"), outcomes[pair])
             done.append(result)
             if on_pair is not None:
@@ -76,26 +107,41 @@ def _on_gpus(specs: Iterable[ProbeSpec]) -> bool:
     return any(spec.backend == "nccl" for spec in specs)
 
 
-def _run_round(
-    specs: Mapping[Pair, ProbeSpec],
-    round_pairs: Sequence[Pair],
-    abort: AbortCheck | None,
-    python: str,
-) -> dict[Pair, ProbeOutcome]:
-    outcomes: dict[Pair, ProbeOutcome] = {}
+@dataclass(frozen=True)
+class _Round:
+    """Runs the pairs of one round, each in its own thread, each through the gate."""
 
-    def run(pair: Pair) -> None:
-        outcomes[pair] = Launcher(specs[pair], abort=abort, python=python).run()
+    abort: AbortCheck | None
+    python: str
+    gate: PairGate | None
+    on_skip: Callable[[PairSkip], None] | None
 
-    threads = [
-        threading.Thread(target=run, args=(pair,), name=f"pair-{pair[0]}-{pair[1]}")
-        for pair in round_pairs
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return outcomes
+    def __call__(
+        self, specs: Mapping[Pair, ProbeSpec], pairs: Sequence[Pair], paths: Mapping[Pair, str]
+    ) -> dict[Pair, ProbeOutcome]:
+        outcomes: dict[Pair, ProbeOutcome] = {}
+
+        def run(pair: Pair) -> None:
+            if self.gate is None:
+                outcomes[pair] = Launcher(specs[pair], abort=self.abort, python=self.python).run()
+                return
+            with self.gate(pair) as gate:
+                if gate.reason is None:
+                    launcher = Launcher(specs[pair], abort=gate.abort, python=self.python)
+                    outcomes[pair] = launcher.run()
+                elif self.on_skip is not None:
+                    path = paths.get(pair, "unknown")
+                    self.on_skip(PairSkip(pair, path, gate.reason, gate.detail))
+
+        threads = [
+            threading.Thread(target=run, args=(pair,), name=f"pair-{pair[0]}-{pair[1]}")
+            for pair in pairs
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return outcomes
 
 
 def _largest_busbw(item: PairOutcome) -> float:

@@ -8,11 +8,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from netmon.bandwidth import buffer_budget, format_size
+from netmon.gpu.idle import GpuReading
+from netmon.gpu.linkhealth import LinkHealth, nvlink_sums
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 
 Status = Literal["PASS", "FAIL", "SKIP"]
 # The groups of rows, each one a name `--skip` takes.
-CHECKS: tuple[str, ...] = ("ops", "paths", "nccl-tests", "drill", "memory", "pinning")
+CHECKS: tuple[str, ...] = (
+    "ops",
+    "paths",
+    "nccl-tests",
+    "drill",
+    "memory",
+    "pinning",
+    "telemetry",
+)
 
 # Device memory: a rank's peak (torch.cuda.max_memory_allocated) may exceed its buffers by 5 %,
 # plus a constant for what torch's caching allocator adds to what was asked (docs/GPU-ACCEPTANCE.md,
@@ -248,6 +258,27 @@ def pinning_row(outcomes: Sequence[ProbeOutcome]) -> Row:
     if wrong:
         return Row("pinning", name, "FAIL", measured, goal, "; ".join(wrong))
     return Row("pinning", name, "PASS", measured, goal, f"{len(runs)} probes' ranks compared")
+
+
+def telemetry_row(own_pid: int, health: LinkHealth, after: Sequence[GpuReading]) -> Row:
+    """The daemon's passive link read, as it runs beside jobs: it must read every GPU's PCIe link
+    and leave no CUDA context behind (NVML's compute processes, read after it, without us)."""
+    name, goal = "link telemetry", "every GPU read; no CUDA context created"
+    holding = [r.index for r in after if own_pid in r.compute_pids]
+    unread = sorted({r.index for r in after} - {p.gpu for p in health.pcie})
+    links = nvlink_sums(health.nvlinks)
+    measured = (
+        f"{len(health.pcie)} GPUs' PCIe, {sum(s.links for s in links.values())} NVLinks "
+        f"({sum(s.active for s in links.values())} active)"
+    )
+    figures = {"gpus": len(health.pcie), "nvlinks": sum(s.links for s in links.values())}
+    if holding:
+        detail = f"this process shows as a compute process on GPU(s) {holding} after the read"
+        return Row("telemetry", name, "FAIL", measured, goal, detail, figures)
+    if unread:
+        detail = f"no PCIe reading for GPU(s) {unread}"
+        return Row("telemetry", name, "FAIL", measured, goal, detail, figures)
+    return Row("telemetry", name, "PASS", measured, goal, figures=figures)
 
 
 def exit_code(rows: Sequence[Row]) -> int:

@@ -3,6 +3,7 @@ operator's configuration, run by the launcher, and judged into the report's rows
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -15,7 +16,8 @@ from netmon.bandwidth import OPS
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import one_line
 from netmon.gpu.fabric import FabricReading
-from netmon.gpu.idle import IdleSourceError
+from netmon.gpu.idle import GpuReading, IdleSourceError
+from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe.build import build_spec
 from netmon.probe.launcher import run_probe
 from netmon.probe.paths import PATHS, unsupported
@@ -199,6 +201,22 @@ class _Selftest:
             return
         self.add(checks.pinning_row(list(self.ops.values())))
 
+    def run_telemetry(self) -> None:
+        if self.plan.backend != "nccl":
+            self.add(skipped("telemetry", "link telemetry", "needs NVML: a GPU node"))
+            return
+        health, after = _telemetry_read()
+        self.add(checks.telemetry_row(os.getpid(), health, after))
+
+
+def _telemetry_read() -> tuple[LinkHealth, list[GpuReading]]:
+    """The daemon's passive link read, then NVML's compute processes of every GPU after it."""
+    from netmon.gpu.nvml import NvmlSource, read_link_health
+
+    health = read_link_health(False)
+    with NvmlSource() as source:
+        return health, source.read()
+
 
 def _fabric() -> tuple[FabricReading, ...]:
     """NVML's fabric reading, or none where NVML cannot give one (paths.unsupported's "empty")."""
@@ -235,6 +253,7 @@ def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
         "drill": test.run_drill,
         "memory": test.run_memory,
         "pinning": test.run_pinning,
+        "telemetry": test.run_telemetry,
     }
     error = None
     for check, step in steps.items():

@@ -35,7 +35,7 @@ from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.serve.current import CurrentConfig
 from netmon.serve.node_pairs import NodePairs
-from netmon.serve.readiness import Readiness, device_keys
+from netmon.serve.readiness import Readiness, device_keys, first_reason
 from netmon.serve.results import Results
 from netmon.topology.model import Topology
 
@@ -188,8 +188,20 @@ class Coordinator:
         spec = build_spec(probe, self.current.get(), topology=self.topology)
         local = 1 if probe.scope in ("group_one_gpu", "node_pairs") else spec.ranks
         devices = list(spec.devices[:local])
+        keys = device_keys(spec)
+        if local == 1 and len(spec.devices) > 1:
+            # One GPU of several: whichever is idle now, so a job on the first does not keep
+            # this member out of every round.
+            survey = self.readiness.survey(spec.devices)
+            if survey.blocked is not None or not survey.idle:
+                why = (
+                    survey.blocked.reason if survey.blocked else first_reason(survey.busy.values())
+                )
+                yield {"idle": False, "reason": why}
+                return
+            devices, keys = [survey.idle[0]], frozenset(survey.idle[:1])
         timeout = self.group.ready_timeout / 2
-        with self.readiness.claim(device_keys(spec), devices, timeout) as decision:
+        with self.readiness.claim(keys, devices, timeout) as decision:
             if not decision.ready:
                 yield {"idle": False, "reason": decision.reason}
                 return

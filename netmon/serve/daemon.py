@@ -30,6 +30,7 @@ from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
 from netmon.gpu import idle
 from netmon.gpu.fabric import FabricReading
+from netmon.gpu.linkhealth import LinkHealth
 from netmon.group.auth import Sealer, group_secret
 from netmon.group.link import GroupError, GroupLink
 from netmon.group.members import bind_address, identify_self, member_port
@@ -40,6 +41,7 @@ from netmon.serve.current import CurrentConfig
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
+from netmon.serve.telemetry import LinkTelemetry
 from netmon.topology.model import Topology
 from netmon.topology.parse import parse_topo_matrix
 
@@ -58,6 +60,7 @@ RESTART_FIELDS = (
     "topology_file",
 )
 FIRST_RUN_DELAY_S = 1.0
+TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)
 
 
 def _state_path(config: NetmonConfig) -> Path | None:
@@ -153,6 +156,7 @@ class Daemon:
         idle_source: idle.IdleSource | None = None,
         web: WebSecurity | None = None,
         loader: Callable[[], NetmonConfig] | None = None,
+        link_reader: Callable[[bool], LinkHealth] | None = None,
     ) -> None:
         self.current = CurrentConfig(config)
         self.loader = loader  # how SIGHUP reads the configuration again
@@ -173,6 +177,7 @@ class Daemon:
             DeviceLocks(),
             _kubelet_guard(source, lambda: self.current.get().idle),
             self.stopping,
+            self.topology,
         )
         self.runner = ProbeRunner(self.current, self.results, self.readiness)
         self.runner.topology = self.topology
@@ -180,10 +185,14 @@ class Daemon:
             self.results.set_topology(
                 [(a, b, str(path)) for (a, b), path in self.topology.pairs().items()]
             )
+        self.telemetry: LinkTelemetry | None = None
         if config.backend == "nccl":
-            from netmon.gpu.nvml import read_link_health
+            if link_reader is None:
+                from netmon.gpu.nvml import read_link_health
 
-            self.runner.link_health_reader = read_link_health
+                link_reader = read_link_health
+            self.runner.link_health_reader = link_reader
+            self.telemetry = LinkTelemetry(link_reader, self.results)
             self.runner.fabric = _fabric()
         self.scheduler = self._scheduler()
         self.link: GroupLink | None = None
@@ -232,6 +241,16 @@ class Daemon:
                 # Staggered first runs, so the node's first numbers arrive within seconds.
                 next_run_time=_utc(now + FIRST_RUN_DELAY_S + number * 0.5),
             )
+        every = config.link_telemetry.interval
+        if self.telemetry is not None and every > 0:
+            scheduler.add_job(
+                self.telemetry.read,
+                IntervalTrigger(seconds=every),
+                id=TELEMETRY_JOB,
+                name="link telemetry",
+                misfire_grace_time=max(1, int(every)),
+                next_run_time=_utc(now),  # the first reading at once, before any probe
+            )
 
     def reload(self) -> bool:
         """SIGHUP: take the configuration again; on any error keep the old one, log, count."""
@@ -256,7 +275,8 @@ class Daemon:
         return True
 
     def _overrun(self, submission: JobSubmissionEvent) -> None:
-        self.results.skip(str(submission.job_id), "still_running")
+        if submission.job_id != TELEMETRY_JOB:
+            self.results.skip(str(submission.job_id), "still_running")
 
     def _start_group(self) -> None:
         group = self.config.group

@@ -1,21 +1,24 @@
 """The one decision whether a probe may start now, and whether a running one must stop: the
-daemon is not stopping, the operator has not paused it, the probe holds its devices, and NVML
-(and the kubelet) show them idle. Local runs and group rounds both ask here."""
+daemon is not stopping, the operator has not paused the node or these GPUs, the probe holds its
+devices, and NVML (and the kubelet) show them idle. Local runs, pair sweeps and group rounds all
+ask here; a survey says which of several GPUs are idle, for probes that run on whatever is."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from netmon.gpu import idle
 from netmon.probe.launcher import AbortCheck
 from netmon.probe.processes import children_of
 from netmon.probe.spec import ProbeSpec
 from netmon.serve.current import CurrentConfig
+from netmon.serve.pausing import Pause, read_pause
+from netmon.topology.model import Topology
 
 # How often a running probe re-reads NVML for foreign processes (the pause file is checked at
 # every launcher poll, as a stat is cheap).
@@ -29,6 +32,23 @@ class Decision:
     ready: bool
     reason: str = ""
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Survey:
+    """Which of some GPUs may be probed now: `blocked` when none may (the daemon stops, the node
+    is paused), else `busy` maps each GPU that may not to its skip reason."""
+
+    devices: tuple[str, ...]
+    blocked: Decision | None = None
+    busy: dict[str, str] = field(default_factory=dict)
+    detail: str = ""
+
+    @property
+    def idle(self) -> tuple[str, ...]:
+        if self.blocked is not None:
+            return ()
+        return tuple(d for d in self.devices if d not in self.busy)
 
 
 def device_keys(spec: ProbeSpec) -> frozenset[str]:
@@ -48,6 +68,10 @@ class DeviceLocks:
         self._queue: list[tuple[int, frozenset[str]]] = []
         self._tickets = 0
         self._changed = threading.Condition()
+
+    def held(self) -> frozenset[str]:
+        with self._changed:
+            return frozenset(self._held)
 
     def _may_take(self, ticket: int, keys: frozenset[str]) -> bool:
         if self._held & keys:
@@ -82,8 +106,10 @@ class Readiness:
         locks: DeviceLocks,
         idle_source: idle.IdleSource,
         stopping: threading.Event,
+        topology: Topology | None = None,
     ) -> None:
         self.current = current
+        self.topology = topology  # how a GPU's index and UUID name the same GPU in a pause
         self.locks = locks
         self.idle_source = idle_source
         self.stopping = stopping
@@ -93,32 +119,92 @@ class Readiness:
         self._preempted: dict[str, str] = {}
         self._preempted_lock = threading.Lock()
 
+    def pause(self) -> Pause:
+        config = self.current.get()
+        return read_pause(config.pause_file, config.pause_dir)
+
     def paused(self) -> bool:
-        pause = self.current.get().pause_file
-        return bool(pause and pause.exists())
+        """Whether the whole node is paused."""
+        return self.pause().node is not None
+
+    def _names(self, device: str) -> tuple[str, ...]:
+        """Every id a pause file may give this GPU: its NVML index and its UUID."""
+        if self.topology is None:
+            return (device,)
+        for gpu in self.topology.gpus:
+            if device in (str(gpu.index), gpu.uuid) or device.lower() == (gpu.uuid or "").lower():
+                return (str(gpu.index), *((gpu.uuid,) if gpu.uuid else ()))
+        return (device,)
+
+    def _lock_keys(self, keys: frozenset[str]) -> frozenset[str]:
+        """One key per GPU however it is named (a pair names it by index, a probe maybe by
+        UUID), so two probes on one GPU always exclude each other."""
+        return frozenset(self._names(key)[0] for key in keys)
+
+    def _paused_gpus(self, pause: Pause, devices: Sequence[str]) -> dict[str, str]:
+        found = {d: pause.covers(self._names(d)) for d in devices}
+        return {d: why for d, why in found.items() if why is not None}
+
+    def _blocked(self) -> Decision | None:
+        if self.stopping.is_set():
+            return Decision(False, "shutting_down", "the daemon is stopping")
+        pause = self.pause()
+        if pause.node is not None:
+            return Decision(False, "paused", pause.node)
+        return None
 
     @contextmanager
     def claim(
-        self, keys: frozenset[str], devices: Sequence[str], lock_timeout: float
+        self,
+        keys: frozenset[str],
+        devices: Sequence[str],
+        lock_timeout: float,
+        samples: int | None = None,
     ) -> Iterator[Decision]:
         """Decide, holding the devices `keys` while the caller runs when ready; `devices` are
-        the GPUs that must be idle (all of them, or the ones this node gives to a round)."""
-        if self.stopping.is_set():
-            yield Decision(False, "shutting_down", "the daemon is stopping")
+        the GPUs that must be idle (all of them, or the ones this node gives to a round).
+        `samples` overrides the idle policy's, for a claim right after a survey."""
+        blocked = self._blocked()
+        if blocked is not None:
+            yield blocked
             return
-        if self.paused():
-            yield Decision(False, "paused", f"pause file {self.current.get().pause_file} exists")
+        paused = self._paused_gpus(self.pause(), devices)
+        if paused:
+            yield Decision(False, "paused", "; ".join(paused.values()))
             return
-        with self.locks.hold(keys, timeout=lock_timeout) as got:
+        with self.locks.hold(self._lock_keys(keys), timeout=lock_timeout) as got:
             if not got:
                 yield Decision(False, "devices_busy", "another probe holds the devices")
                 return
-            found = idle.check(self.idle_source, devices, {os.getpid()}, self.current.get().idle)
+            found = self._idle_check(devices, samples)
             if not found.idle:
                 yield Decision(False, found.reason or "gpu_unknown", found.detail)
                 return
             self._forgive(devices)
             yield Decision(True)
+
+    def _idle_check(self, devices: Sequence[str], samples: int | None) -> idle.IdleDecision:
+        policy = self.current.get().idle
+        if samples is not None:
+            policy = policy.model_copy(update={"samples": samples})
+        return idle.check(self.idle_source, devices, {os.getpid()}, policy)
+
+    def survey(self, devices: Sequence[str]) -> Survey:
+        """Which of `devices` may be probed now, each by itself: one full idle check of them all
+        (no device is held: the caller claims the ones it then uses)."""
+        devices = tuple(dict.fromkeys(devices))
+        blocked = self._blocked()
+        if blocked is not None:
+            return Survey(devices, blocked=blocked)
+        busy = {d: "paused" for d in self._paused_gpus(self.pause(), devices)}
+        held = self.locks.held()
+        busy.update({d: "devices_busy" for d in devices if self._names(d)[0] in held})
+        found = self._idle_check(devices, None)
+        for device in devices:
+            if device in found.busy:
+                busy.setdefault(device, found.busy[device])
+        self._forgive([d for d in devices if d not in busy])
+        return Survey(devices, busy=busy, detail=found.detail)
 
     def preempted(self) -> dict[str, str]:
         """GPUs a job took from a probe (device -> what was seen), until found idle again."""
@@ -146,7 +232,8 @@ class Readiness:
         def abort() -> str | None:
             if self.stopping.is_set():
                 return "shutdown"
-            if self.paused():
+            pause = self.pause()
+            if pause.node is not None or self._paused_gpus(pause, devices):
                 return "paused"
             if not mine:
                 return None
@@ -176,6 +263,17 @@ class Readiness:
         for device, pod in idle.allocated_devices(reading, devices).items():
             taken.setdefault(device, f"given to {pod}")
         return taken
+
+
+# Skip reasons by precedence when several GPUs are out for different ones: the operator's pause
+# and our own probes first, then NVML's order (what will not clear by itself first).
+_PRECEDENCE = ("paused", "devices_busy", *idle.REASONS)
+
+
+def first_reason(reasons: Iterable[str]) -> str:
+    """The reason to report for several GPUs out at once; "" for none."""
+    found = set(reasons)
+    return min(found, key=lambda r: _PRECEDENCE.index(r) if r in _PRECEDENCE else 99, default="")
 
 
 def own_processes() -> set[int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import netmon
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
+from netmon.exposition.catalogue import PAIR_SKIP_REASONS
 from netmon.exposition.snapshot import (
     GroupView,
     LinkPoint,
@@ -30,9 +31,9 @@ from netmon.exposition.snapshot import (
 )
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe import crossnode, nccl_debug
-from netmon.probe.pairs import PairOutcome
+from netmon.probe.pairs import PairOutcome, PairSkip, verdict_at_largest
 from netmon.probe.spec import ProbeOutcome
-from netmon.probe.verdict import LinkVerdict
+from netmon.probe.verdict import LinkVerdict, Pair
 from netmon.serve.current import CurrentConfig
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,19 @@ class Results:
         self._state_path = state_path
         self._lock = threading.Lock()
         self._tallies = {p.name: _Tally() for p in config.probes or ()}
-        self._points: dict[tuple[str, str, int, str], SeriesPoint] = {}
+        self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
         self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
         self._started_at = time.time()
         self._links: dict[str, tuple[LinkPoint, ...]] = {}
+        # Each pair's latest successful measurement and when, per pairs probe: a sweep measures
+        # the pairs that are idle then, and the others keep their last result and its age.
+        self._pair_latest: dict[str, dict[Pair, tuple[PairOutcome, float]]] = {}
+        self._pair_skips: dict[tuple[str, str], int] = {
+            (p.name, reason): 0
+            for p in config.probes or ()
+            if p.kind == "pairs"
+            for reason in PAIR_SKIP_REASONS
+        }
         self._suspect_gpus: dict[str, tuple[int, ...]] = {}
         self._pair_members: dict[str, tuple[int, ...]] = {}
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -77,6 +87,8 @@ class Results:
         )
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: LinkHealth | None = None
+        self._link_load: LinkHealth | None = None
+        self._link_read_errors = 0
         self._group: GroupView | None = None
         self._reload_ok = True
         self._reload_failures = 0
@@ -85,6 +97,7 @@ class Results:
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self._group_rejected: dict[str, int] = {}
         self.state_write_errors = 0
+        book.adopt_ranks(lambda name: _all_ranks(config, name))
         self._snapshot = self._build_snapshot()
         current.on_change(self.reconfigure)
 
@@ -135,6 +148,7 @@ class Results:
             names = {p.name for p in config.probes or ()}
             self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
+            self._pair_latest = {k: v for k, v in self._pair_latest.items() if k in names}
             self._snapshot = self._build_snapshot()
 
     def reloaded(self, ok: bool) -> None:
@@ -181,8 +195,17 @@ class Results:
             self._snapshot = self._build_snapshot()
 
     def set_link_health(self, health: LinkHealth | None) -> None:
+        """A reading of link health: the latest is exported; one taken under pcie-path traffic
+        is kept apart as well, as the PCIe generation is judged on it alone."""
         with self._lock:
             self._link_health = health
+            if health is not None and health.under_load:
+                self._link_load = health
+            self._snapshot = self._build_snapshot()
+
+    def link_read_failed(self) -> None:
+        with self._lock:
+            self._link_read_errors += 1
             self._snapshot = self._build_snapshot()
 
     def _account(self, probe: str, outcome: ProbeOutcome, now: float) -> None:
@@ -231,30 +254,43 @@ class Results:
         self._save_state()
         return verdicts
 
+    def pairs_skipped(self, probe: str, skipped: Sequence[PairSkip]) -> None:
+        """Pairs a sweep did not measure, counted by reason."""
+        with self._lock:
+            for item in skipped:
+                key = (probe, item.reason)
+                self._pair_skips[key] = self._pair_skips.get(key, 0) + 1
+            self._snapshot = self._build_snapshot()
+
     def finished_pairs(
-        self,
-        probe: ProbeConfig,
-        results: Sequence[PairOutcome],
-        verdict: LinkVerdict,
-        duration_s: float,
-    ) -> None:
-        """One sweep of pair probes: each launched pair is accounted; the verdict replaces the
-        previous one (pairs that failed this time have no point until they succeed again)."""
+        self, probe: ProbeConfig, results: Sequence[PairOutcome], duration_s: float
+    ) -> LinkVerdict:
+        """One sweep of pair probes: each launched pair is accounted, and the pairs are judged
+        on each one's latest measurement. A pair that failed this time has no point until it
+        succeeds again; a pair not run keeps its last result and its age."""
         with self._lock:
             now = time.time()
+            latest = self._pair_latest.setdefault(probe.name, {})
             for item in results:
                 self._account(probe.name, item.outcome, now)
                 self._note_transports(probe.name, item.path, item.outcome)
+                if item.outcome.ok:
+                    latest[item.pair] = (item, now)
+                else:
+                    latest.pop(item.pair, None)
             tally = self._tally(probe.name)
             tally.duration_s = duration_s
             if results and all(item.outcome.ok for item in results):
                 tally.last_success = now
-            self._links[probe.name] = _link_points(probe.name, results, verdict)
+            kept = [item for item, _ in latest.values()]
+            verdict = verdict_at_largest(kept, probe.suspect_ratio)
+            self._links[probe.name] = _link_points(probe.name, latest, verdict)
             self._suspect_gpus[probe.name] = verdict.suspect_members
             self._pair_members[probe.name] = tuple(
-                sorted({m for item in results for m in item.pair})
+                sorted({m for item in [*results, *kept] for m in item.pair})
             )
             self._snapshot = self._build_snapshot()
+        return verdict
 
     def _learn(
         self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str
@@ -281,8 +317,9 @@ class Results:
             log.warning("cannot save baselines to %s: %s", self._state_path, exc)
 
     def _build_snapshot(self) -> Snapshot:
+        config = self._current.get()
         probes = {}
-        for probe in self._current.get().probes or ():
+        for probe in config.probes or ():
             tally = self._tally(probe.name)
             probes[probe.name] = ProbeStats(
                 runs=tally.runs,
@@ -302,6 +339,7 @@ class Results:
                 op=key[1],
                 size_bytes=key[2],
                 path=key[3],
+                ranks=key[4],
                 baseline=verdict.baseline,
                 degraded=verdict.degraded,
             )
@@ -324,7 +362,12 @@ class Results:
                 for transport in found
             ),
             transport_faults=dict(self._transport_faults),
+            pair_skips=dict(self._pair_skips),
             link_health=self._link_health,
+            link_load=self._link_load,
+            link_interval_s=config.link_telemetry.interval if config.backend == "nccl" else 0.0,
+            link_read_errors=self._link_read_errors,
+            nvlink_per_link=config.link_telemetry.nvlink_detail == "link",
             group=self._group,
             peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
             peer_verdicts=dict(self._peer_verdicts),
@@ -358,24 +401,35 @@ def _torch_version() -> str:
 
 
 def _link_points(
-    probe: str, results: Sequence[PairOutcome], verdict: LinkVerdict
+    probe: str, latest: dict[Pair, tuple[PairOutcome, float]], verdict: LinkVerdict
 ) -> tuple[LinkPoint, ...]:
     points = []
     suspect = set(verdict.suspect_pairs)
-    for item in results:
-        judged = verdict.pairs.get(item.pair)
+    for pair, (item, measured_at) in sorted(latest.items()):
+        judged = verdict.pairs.get(pair)
         for result in item.outcome.results:
             points.append(
                 LinkPoint(
                     probe=probe,
                     size_bytes=result.size_bytes,
-                    gpu=item.pair[0],
-                    peer_gpu=item.pair[1],
+                    gpu=pair[0],
+                    peer_gpu=pair[1],
                     path=item.path,
                     busbw=result.busbw_bytes_per_second,
                     ratio=judged.ratio if judged else None,
                     low=bool(judged and judged.low),
-                    suspect=item.pair in suspect,
+                    suspect=pair in suspect,
+                    measured_at=measured_at,
                 )
             )
     return tuple(points)
+
+
+def _all_ranks(config: NetmonConfig, name: str) -> int | None:
+    """The ranks a local probe ran with before probes could run on the idle set."""
+    probe = next((p for p in config.probes or () if p.name == name), None)
+    if probe is None or probe.scope != "local" or probe.kind != "collective":
+        return None
+    if config.backend == "nccl":
+        return len(probe.devices or config.devices or ()) or None
+    return probe.ranks or config.ranks or 2

@@ -12,30 +12,32 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.logs import event
-from netmon.probe.build import build_spec, gpu_index
+from netmon.probe.build import LOCAL, Placement, build_spec, gpu_index
 from netmon.probe.launcher import Launcher
 from netmon.probe.pairs import (
+    Gate,
     PairOutcome,
+    PairSkip,
     best_per_pair,
     pair_placement,
     run_pair_rounds,
-    verdict_at_largest,
 )
 from netmon.probe.paths import SKIP_REASON, unsupported
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.verdict import Pair
 from netmon.serve.current import CurrentConfig
-from netmon.serve.readiness import Readiness, device_keys
+from netmon.serve.readiness import Readiness, device_keys, first_reason
 from netmon.serve.results import Results
 from netmon.topology.model import Topology
-from netmon.topology.plan import plan_rounds, uniform
+from netmon.topology.plan import idle_set, plan_rounds, uniform
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +83,54 @@ class ProbeRunner:
 
     def _run(self, probe: ProbeConfig, config: NetmonConfig) -> None:
         spec = build_spec(probe, config, topology=self.topology)
+        if spec.backend == "nccl" and probe.kind == "pairs":
+            return self._pairs_on_idle_gpus(probe, config, spec)
+        if spec.backend == "nccl" and probe.gpus == "idle":
+            return self._on_idle_set(probe, config, spec)
         timeout = min(probe.interval, 60.0)
         with self.readiness.claim(device_keys(spec), spec.devices, timeout) as decision:
             if not decision.ready:
                 return self._skip(probe, decision.reason, decision.detail)
             if probe.kind == "pairs":
-                self._pairs(probe, config, spec)
+                self._pairs(probe, config, spec, self._pair_topology(spec), [])
             else:
                 self._variants(probe, config, spec)
         return None
 
-    def _variants(self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec) -> None:
+    def _on_idle_set(self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec) -> None:
+        """`gpus: idle`: the collective on the largest idle set (topology.plan.idle_set)."""
+        survey = self.readiness.survey(spec.devices)
+        if survey.blocked is not None:
+            return self._skip(probe, survey.blocked.reason, survey.blocked.detail)
+        chosen = self._idle_choice(survey.idle, probe.min_gpus)
+        if not chosen:
+            reason = first_reason(survey.busy.values()) or "gpu_unknown"
+            detail = f"{len(survey.idle)} idle of {len(survey.devices)}, under min_gpus "
+            return self._skip(probe, reason, f"{detail}{probe.min_gpus}: {survey.detail}")
+        placement = Placement(devices=tuple(chosen))
+        narrowed = build_spec(probe, config, placement=placement, topology=self.topology)
+        timeout = min(probe.interval, 60.0)
+        with self.readiness.claim(frozenset(chosen), chosen, timeout, samples=1) as decision:
+            if not decision.ready:
+                return self._skip(probe, decision.reason, decision.detail)
+            self._variants(probe, config, narrowed, placement)
+        return None
+
+    def _idle_choice(self, idle: tuple[str, ...], min_gpus: int) -> list[str]:
+        """The idle GPUs to run on, by the topology where it knows them all."""
+        by_index = {gpu_index(self.topology, d): d for d in idle}
+        if None in by_index:  # no topology for some GPU: no islands to prefer
+            return list(idle) if len(idle) >= min_gpus else []
+        known = [i for i in by_index if i is not None]
+        return [by_index[i] for i in idle_set(self.topology, known, min_gpus)]
+
+    def _variants(
+        self,
+        probe: ProbeConfig,
+        config: NetmonConfig,
+        spec: ProbeSpec,
+        placement: Placement = LOCAL,
+    ) -> None:
         """Every path variant of the probe, one after the other, each in fresh ranks."""
         abort = self.readiness.abort_check(spec.devices)
         for path in probe.paths:
@@ -102,7 +141,9 @@ class ProbeRunner:
             if why is not None:
                 self._skip(probe, SKIP_REASON, f"path {path}: {why}")
                 continue
-            variant = build_spec(probe, config, path=path, topology=self.topology)
+            variant = build_spec(
+                probe, config, path=path, placement=placement, topology=self.topology
+            )
             self.results.started(probe.name)
             launcher = self.launcher(
                 variant,
@@ -116,7 +157,7 @@ class ProbeRunner:
             self._log_outcome(probe, outcome, path)
 
     def _pair_topology(self, spec: ProbeSpec) -> Topology | None:
-        """The GPUs pairs may use: only the configured ones (each idle and locked by _run)."""
+        """The GPUs pairs may use: only the configured ones."""
         if spec.backend != "nccl":
             return self.topology or uniform(spec.ranks, "CPU")
         indices = [gpu_index(self.topology, device) for device in spec.devices]
@@ -124,14 +165,60 @@ class ProbeRunner:
             return None
         return self.topology.restricted([i for i in indices if i is not None])
 
-    def _pairs(self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec) -> None:
+    def _pairs_on_idle_gpus(
+        self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec
+    ) -> None:
+        """Every pair of configured GPUs that are idle now, each pair holding its own two GPUs
+        while it runs; the pairs of busy GPUs are skipped, counted by reason."""
         topo = self._pair_topology(spec)
+        if topo is None:
+            detail = "pair probes need the topology of every configured GPU (NVML or topology_file)"
+            return self._skip(probe, "gpu_unknown", detail)
+        survey = self.readiness.survey(spec.devices)
+        if survey.blocked is not None:
+            return self._skip(probe, survey.blocked.reason, survey.blocked.detail)
+        busy = {gpu_index(topo, d): reason for d, reason in survey.busy.items()}
+        skipped = [
+            PairSkip(pair, str(path), first_reason(busy[g] for g in pair if g in busy), "")
+            for pair, path in topo.pairs().items()
+            if busy.keys() & set(pair)
+        ]
+        idle = [i for i in topo.indices if i not in busy]
+        if len(idle) < 2:
+            self.results.pairs_skipped(probe.name, skipped)
+            reason = first_reason(busy.values()) or "gpu_unknown"
+            return self._skip(probe, reason, f"fewer than 2 idle GPUs: {survey.detail}")
+        return self._pairs(probe, config, spec, topo.restricted(idle), skipped)
+
+    def _gate(self, pair: Pair) -> AbstractContextManager[Gate]:
+        """A pair's own claim: its two GPUs locked (no wait) and idle at a glance, right after
+        the sweep's full survey; then its own abort check, so a job stops this pair alone."""
+        devices = [str(pair[0]), str(pair[1])]
+
+        @contextmanager
+        def claimed() -> Iterator[Gate]:
+            with self.readiness.claim(frozenset(devices), devices, 0.0, samples=1) as decision:
+                if not decision.ready:
+                    yield Gate(decision.reason, decision.detail)
+                    return
+                yield Gate(abort=self.readiness.abort_check(devices))
+
+        return claimed()
+
+    def _pairs(
+        self,
+        probe: ProbeConfig,
+        config: NetmonConfig,
+        spec: ProbeSpec,
+        topo: Topology | None,
+        skipped: list[PairSkip],
+    ) -> None:
         if topo is None:
             detail = "pair probes need the topology of every configured GPU (NVML or topology_file)"
             return self._skip(probe, "gpu_unknown", detail)
         rounds = plan_rounds(topo)
         paths = {pair: str(path) for pair, path in topo.pairs().items()}
-        abort = self.readiness.abort_check(spec.devices)
+        on_gpus = spec.backend == "nccl"
 
         def spec_of(pair: Pair) -> ProbeSpec:
             placement = pair_placement(pair, spec.backend)
@@ -140,14 +227,29 @@ class ProbeRunner:
         self.results.started(probe.name)
         started = time.monotonic()
         measured: list[PairOutcome] = []
+        sweep_skips: list[PairSkip] = list(skipped)
         for _ in range(probe.passes):
-            measured += run_pair_rounds(spec_of, rounds, paths, abort=abort, python=_python(config))
+            measured += run_pair_rounds(
+                spec_of,
+                rounds,
+                paths,
+                abort=self.readiness.abort_check(() if on_gpus else spec.devices),
+                python=_python(config),
+                gate=self._gate if on_gpus else None,
+                on_skip=sweep_skips.append,
+            )
         results = best_per_pair(measured)
-        verdict = verdict_at_largest(results, probe.suspect_ratio)
-        self.results.finished_pairs(probe, results, verdict, time.monotonic() - started)
+        ran = {item.pair for item in results}
+        unmeasured = {s.pair: s for s in sweep_skips if s.pair not in ran}
+        self.results.pairs_skipped(probe.name, list(unmeasured.values()))
+        verdict = self.results.finished_pairs(probe, results, time.monotonic() - started)
         failed = [item for item in results if not item.outcome.ok]
         fields: dict[str, Any] = dict(
-            probe=probe.name, pairs=len(results), failed=len(failed), verdict=verdict.describe()
+            probe=probe.name,
+            pairs=len(results),
+            skipped=len(unmeasured),
+            failed=len(failed),
+            verdict=verdict.describe(),
         )
         level = (
             logging.WARNING

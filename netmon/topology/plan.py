@@ -4,7 +4,7 @@ as far as the topology tells, no PCIe uplink, so that one pair's traffic does no
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from netmon.topology.model import PIX, PXB, SELF, Gpu, Pair, PathClass, Topology
 
@@ -158,3 +158,33 @@ def uniform(members: int, code: str = "SYS") -> Topology:
     gpus = tuple(Gpu(index) for index in range(members))
     links = {(a, b): path for a in range(members) for b in range(members) if a != b}
     return Topology(gpus, path=links)
+
+
+def idle_set(topology: Topology | None, idle: Sequence[int], min_gpus: int) -> tuple[int, ...]:
+    """The GPUs a collective on the idle set runs on (NVML indexes), or () when too few are idle.
+
+    The largest NVLink island among the idle GPUs, when it has `min_gpus`: its traffic then takes
+    NVLink only, as it would on the whole node. Equal islands: the one on fewest NUMA nodes, then
+    the lowest indexes. Otherwise every idle GPU, when there are `min_gpus` of them (a node
+    without NVLink, or islands too small: the collective crosses PCIe as such a node's must).
+    """
+    chosen = tuple(sorted(set(idle)))
+    if len(chosen) < min_gpus:
+        return ()
+    if topology is None:
+        return chosen
+    islands = _Groups()
+    for a in chosen:
+        for b in chosen:
+            if a < b and topology.is_nvlink(a, b):
+                islands.union(a, b)
+    members: dict[object, list[int]] = {}
+    for gpu in chosen:
+        members.setdefault(islands.find(gpu), []).append(gpu)
+
+    def preference(island: list[int]) -> tuple[int, int, list[int]]:
+        numa = {topology.gpu(g).numa for g in island}
+        return (-len(island), len(numa), island)
+
+    best = min(members.values(), key=preference)
+    return tuple(best) if len(best) >= min_gpus else chosen

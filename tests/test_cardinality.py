@@ -1,0 +1,88 @@
+"""How many series an 8-GPU node exports, measured on the real results and exporter: the default
+configuration on a simulated DGX H100 (18 NVLinks per GPU), each probe run once, link health read;
+then with per-link NVLink series, and with a pairs probe. docs/METRICS.md states these counts."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from netmon import baseline
+from netmon.config import NetmonConfig, ProbeConfig, resolve
+from netmon.exposition.collector import SnapshotPage
+from netmon.probe.build import build_spec
+from netmon.probe.pairs import PairOutcome
+from netmon.probe.spec import ProbeOutcome, SizeResult
+from netmon.serve.current import CurrentConfig
+from netmon.serve.results import Results
+from tests.gpu_node import dgx_h100
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
+
+
+def outcome(probe: ProbeConfig, config: NetmonConfig) -> ProbeOutcome:
+    spec = build_spec(probe, config)
+    results = tuple(
+        SizeResult.of_samples(spec, size, size // 4, [1e-4, 1.1e-4], [[1e-4]] * spec.ranks, None)
+        for size in probe.sizes
+    )
+    return ProbeOutcome(spec=spec, results=results, started_at=time.time(), wall_s=1.0)
+
+
+def series_count(config: NetmonConfig) -> int:
+    """Samples on /metrics after every probe of `config` ran once and link health was read."""
+    node = dgx_h100()
+    current = CurrentConfig(config)
+    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results.set_topology([(a, b, str(path)) for (a, b), path in node.topology.pairs().items()])
+    for probe in config.probes or ():
+        if probe.kind == "pairs":
+            pairs = [
+                PairOutcome((a, b), str(path), outcome(probe, config))
+                for (a, b), path in node.topology.pairs().items()
+            ]
+            results.finished_pairs(probe, pairs, 1.0)
+        else:
+            results.started(probe.name)
+            results.finished(probe, outcome(probe, config))
+    results.set_link_health(node.link_health(False))
+    text = SnapshotPage(results.snapshot)().decode()
+    return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def dgx_config(**changes: object) -> NetmonConfig:
+    return resolve(NetmonConfig(**changes), gpus=8)  # type: ignore[arg-type]
+
+
+PAIRS = ProbeConfig(name="pairs", kind="pairs", sizes=(1 << 30,), interval=3600)
+
+
+def documented(setting: str) -> int:
+    """The count docs/METRICS.md gives for a setting, in its table row `| setting | count |`."""
+    found = re.search(rf"^\| {re.escape(setting)} \| (\d+) \|", DOCS.read_text(), re.MULTILINE)
+    assert found, f"docs/METRICS.md has no series count row for {setting!r}"
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize(
+    ("setting", "changes"),
+    [
+        ("default", {}),
+        ("`nvlink_detail: link`", {"link_telemetry": {"nvlink_detail": "link"}}),
+        ("default + a pairs probe", {"probes": None, "extra": PAIRS}),
+    ],
+)
+def test_series_per_8_gpu_node_are_as_documented(setting: str, changes: dict[str, object]) -> None:
+    extra = changes.pop("extra", None)
+    config = dgx_config(**changes)
+    if extra is not None:
+        config = config.model_copy(update={"probes": (*(config.probes or ()), extra)})
+    count = series_count(config)
+    assert count == documented(setting), (setting, count)
+
+
+def test_the_default_stays_under_400_series_per_8_gpu_node() -> None:
+    assert series_count(dgx_config()) < 400
