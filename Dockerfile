@@ -1,7 +1,7 @@
 # netmon: GPU interconnect monitor. docs/DEPLOY.md has build and run instructions.
 #
 #   docker build -t netmon:0.1.0 .
-#   docker run --rm --runtime nvidia --pid host --shm-size 4g -p 9464:9464 netmon:0.1.0
+#   docker run --rm --runtime nvidia --pid host --shm-size 4g -p 19464:19464 netmon:0.1.0
 #
 # torch comes from PyPI as a CUDA build that carries its own CUDA runtime and NCCL libraries, so
 # the base image is the small CUDA "base" flavour: the NVIDIA container runtime adds the driver.
@@ -59,9 +59,9 @@ ENV PATH=/opt/netmon/bin:$PATH \
     HOME=/var/lib/netmon
 USER 10001:10001
 WORKDIR /var/lib/netmon
-EXPOSE 9464
+EXPOSE 19464
 # No curl in the image: the venv's Python asks /healthz. NETMON_HEALTHCHECK_URL for another port.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('NETMON_HEALTHCHECK_URL', 'http://127.0.0.1:9464/healthz'), timeout=4)"]
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ.get('NETMON_HEALTHCHECK_URL', 'http://127.0.0.1:19464/healthz'), timeout=4)"]
 ENTRYPOINT ["netmon"]
 CMD ["serve"]

@@ -8,7 +8,7 @@ setup-dev:
 	./scripts/setup dev
 
 # The daemon on its embedded default: all GPUs, or gloo with 2 CPU ranks; metrics on
-# http://127.0.0.1:9464/metrics. Extra flags: make run ARGS="--config my.yaml".
+# http://127.0.0.1:19464/metrics. Extra flags: make run ARGS="--config my.yaml".
 run: setup
 	.venv/bin/netmon serve $(ARGS)
 

@@ -225,7 +225,7 @@ class LinkTelemetryConfig(_Strict):
 
 
 class NetmonConfig(_Strict):
-    listen: str = "127.0.0.1:9464"
+    listen: str = "127.0.0.1:19464"
     state_dir: Path | None = None  # default: /var/lib/netmon as root, else ~/.local/state/netmon
     backend: Backend | None = None  # default: nccl where GPUs are present, else gloo
     ranks: int | None = Field(None, ge=1, le=64, description="gloo only: CPU ranks")
@@ -263,7 +263,7 @@ class NetmonConfig(_Strict):
     def _listen(cls, value: str) -> str:
         match = _LISTEN.fullmatch(value)
         if not match or not 0 <= int(match.group("port")) < 65536:
-            raise ValueError("use HOST:PORT, like 127.0.0.1:9464 or [::1]:9464 (port 0: any free)")
+            raise ValueError("use HOST:PORT like 127.0.0.1:19464 or [::1]:19464 (port 0: any free)")
         return value
 
     @field_validator("devices", mode="before")

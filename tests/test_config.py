@@ -29,7 +29,7 @@ from netmon.gpu.idle import IdlePolicy
 
 # Verbatim from the docs: this file must keep being accepted exactly as written.
 CONTRACT = """\
-listen: 127.0.0.1:9464
+listen: 127.0.0.1:19464
 state_dir: /var/lib/netmon
 backend: gloo          # nccl | gloo; default: nccl where GPUs are present
 ranks: 2               # gloo only: the number of CPU ranks
@@ -84,8 +84,8 @@ def assert_usage_error(proc: subprocess.CompletedProcess[str], *expected: str) -
 def test_the_documented_file_is_accepted_as_written(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, CONTRACT), environ={})
 
-    assert config.listen == "127.0.0.1:9464"
-    assert (config.listen_host, config.listen_port) == ("127.0.0.1", 9464)
+    assert config.listen == "127.0.0.1:19464"
+    assert (config.listen_host, config.listen_port) == ("127.0.0.1", 19464)
     assert config.state_dir == Path("/var/lib/netmon")
     assert config.backend == "gloo"
     assert config.ranks == 2
@@ -127,6 +127,18 @@ def test_check_config_prints_the_effective_configuration(tmp_path: Path) -> None
     assert printed["idle"]["samples"] == 3
     # The printed configuration is itself a valid one, and means the same.
     assert parse_config(printed) == load_config(path, environ={})
+
+
+def test_the_default_port_is_19464_and_the_old_9464_still_loads(tmp_path: Path) -> None:
+    # 9464 was the default before; it is also the OpenTelemetry Prometheus exporter's
+    # (docs/DEPLOY.md, "The port"). Files that name it keep working.
+    default = load_config(None, environ={})
+    assert default.listen == NetmonConfig().listen == "127.0.0.1:19464"
+    assert (default.listen_host, default.listen_port) == ("127.0.0.1", 19464)
+
+    old = load_config(write(tmp_path, "listen: 0.0.0.0:9464\n"), environ={})
+    assert old.listen == "0.0.0.0:9464"
+    assert (old.listen_host, old.listen_port) == ("0.0.0.0", 9464)
 
 
 # --- NETMON_ overrides
@@ -389,7 +401,7 @@ _SCALARS = (
             "-1",
             "1e400",
             "nan",
-            "127.0.0.1:9464",
+            "127.0.0.1:19464",
             "[::1]:0",
             "gloo",
             "nccl",

@@ -154,7 +154,7 @@ def test_a_corrupt_state_file_is_set_aside_with_a_warning(
 def test_serve_config_error_names_the_field(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text(
-        "listen: 127.0.0.1:9464\nprobes:\n  - name: small\n    sizes: [8]\n    interval: soon\n"
+        "listen: 127.0.0.1:19464\nprobes:\n  - name: small\n    sizes: [8]\n    interval: soon\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "netmon", "serve", "--config", str(config)],
