@@ -56,7 +56,7 @@ from netmon.exposition.snapshot import LinkPoint, ProbeStats, SeriesPoint, Snaps
 from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.build import build_spec
 from netmon.probe.launcher import run_probe
-from netmon.probe.processes import children_of
+from netmon.probe.processes import descendants_of
 
 HOST = "127.0.0.1"
 COMPRESSION = 60  # an hour of scheduled rounds in a minute
@@ -308,7 +308,7 @@ def measure_memory(seconds: float, workdir: Path) -> dict[str, Any]:
             status = proc_status(pid)
             forbidden.update(forbidden_mappings(pid))
             ranks_rss = 0
-            for child in children_of(pid):
+            for child in descendants_of(pid):
                 with contextlib.suppress(OSError):
                     ranks_rss += proc_status(child).get("VmRSS", 0)
                     if not control:

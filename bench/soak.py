@@ -30,11 +30,17 @@ BOUNDS = {
     "rss_kib": 8 * 1024,  # allocator warm-up settles within a few MiB
     "fds": 4,
     "threads": 4,
-    "children": 4,  # a probe's ranks may be alive at the moment of a sample
+    # Every descendant: the rank zygote (alive from the first probe on) and its ranks, which may
+    # be alive at the moment of a sample.
+    "children": 4,
     "shm_entries": 0,
     # A probe in flight at the last sample (and not the first) listens with its rendezvous
     # store and one gloo listener per rank: 3 at the soak's 2 ranks (seen in CI).
     "listening_sockets": 3,
+    # The rank zygote forks ranks and reaps them: it keeps its memory, descriptors and thread.
+    "zygote_rss_kib": 8 * 1024,
+    "zygote_fds": 2,
+    "zygote_threads": 0,
 }
 _SERVING = re.compile(r"listen\W+https?://127\.0\.0\.1:(\d+)/metrics")
 
@@ -85,9 +91,41 @@ def _listening(pids: list[int]) -> int:
     return count
 
 
+def _descendants(pid: int) -> list[int]:
+    found, parents = [], [pid]
+    while parents:
+        parents = [child for parent in parents for child in _children(parent)]
+        found += parents
+    return found
+
+
+def _zygote(pids: list[int]) -> int | None:
+    for pid in pids:
+        try:
+            if b"netmon.probe.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def _zygote_sample(pid: int | None) -> dict[str, int]:
+    if pid is None:
+        return {"zygote_rss_kib": 0, "zygote_fds": 0, "zygote_threads": 0}
+    try:
+        return {
+            "zygote_rss_kib": _status_kib(pid, "VmRSS"),
+            "zygote_fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "zygote_threads": _status_kib(pid, "Threads"),
+        }
+    except OSError:
+        return _zygote_sample(None)
+
+
 def sample(pid: int, started: float) -> dict[str, Any]:
-    children = _children(pid)
+    children = _descendants(pid)
     return {
+        **_zygote_sample(_zygote(children)),
         "t_s": round(time.monotonic() - started, 1),
         "rss_kib": _status_kib(pid, "VmRSS"),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),

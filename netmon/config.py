@@ -240,6 +240,9 @@ class NetmonConfig(_Strict):
     baseline: BaselinePolicy = BaselinePolicy()
     logging: LoggingConfig = LoggingConfig()
     rank_python: str | None = None  # interpreter for rank processes; default: this one
+    # How rank processes start: forked by the rank zygote, which imported torch once
+    # (netmon.probe.forking), or each spawned as a new interpreter importing torch itself.
+    rank_start: Literal["zygote", "spawn"] = "zygote"
     # Extra environment for every rank (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME...).
     env: dict[str, str] = Field(default_factory=dict)
     # A per-rank command prefix; {rank}, {gpu} and {numa} are replaced for every kind of probe

@@ -252,7 +252,14 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
     counters = {"runs", "failures", "skips", "busy_seconds"}
     assert {name for name, kind in types.items() if kind == "counter"} == {
         f"netmon_probe_{name}" for name in counters
-    } | {"netmon_transport_mismatch", "netmon_config_reload_failures", "netmon_pair_skips"}
+    } | {
+        "netmon_transport_mismatch",
+        "netmon_config_reload_failures",
+        "netmon_pair_skips",
+        "netmon_rank_starts",
+        "netmon_rank_fork_fallbacks",
+        "netmon_zygote_starts",
+    }
     assert set(types) >= set(SERIES_FAMILIES)
     assert all(kind in ("counter", "gauge") for kind in types.values())
 

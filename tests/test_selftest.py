@@ -461,13 +461,17 @@ def test_the_gpu_sequence_with_probes_replayed(
         )
         busbw = {32 << 20: 321.08e9, 64 << 20: 374.58e9 * 0.99}
         peak = checks.budget_of(spec)
-        return outcome_of(spec, busbw, environment=env, peak_device_memory_bytes=peak)
+        outcome = outcome_of(spec, busbw, environment=env, peak_device_memory_bytes=peak)
+        # As the rank zygote would have started them: forked, CUDA and NCCL set up in the rank.
+        forked = {"ranks_forked": spec.ranks, "startup_s": 0.04, "init_s": 2.5}
+        return outcome.model_copy(update=forked)
 
     monkeypatch.setattr(selftest_run, "run_probe", replay)
     node = dgx_h100()
     monkeypatch.setattr(
         selftest_run, "_telemetry_read", lambda: (node.link_health(False), node.read())
     )
+    monkeypatch.setattr(selftest_run, "_compute_processes", node.read)
     devices = tuple(f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(8))
     plan = selftest_run.Plan(
         NetmonConfig(backend="nccl", devices=devices, pause_file=None),
@@ -495,6 +499,10 @@ def test_the_gpu_sequence_with_probes_replayed(
         assert rows[f"memory {op}"].status == expected, rows[f"memory {op}"]
     assert rows["pinning"].detail == "the ranks did not report their GPU"
     assert rows["link telemetry"].measured == "8 GPUs' PCIe, 144 NVLinks (144 active)"
+    assert rows["rank zygote"].status == "PASS", rows["rank zygote"]
+    assert rows["rank zygote"].measured == (
+        "56 of 56 ranks forked; start-up max 0.04 s, init max 2.50 s"
+    )
     assert checks.exit_code(done.rows) == 0
 
 
@@ -590,3 +598,22 @@ def test_telemetry_row_fails_when_the_read_left_a_cuda_context_or_missed_a_gpu()
     assert held.status == "FAIL" and "compute process on GPU(s) [1]" in held.detail
     missed = telemetry_row(4242, health, [gpu(0), gpu(1), gpu(2)])
     assert missed.status == "FAIL" and missed.detail == "no PCIe reading for GPU(s) [2]"
+
+
+def test_zygote_row_fails_on_a_cuda_context_in_the_zygote_or_spawned_ranks() -> None:
+    from netmon.gpu.idle import GpuReading
+    from netmon.selftest.checks import zygote_row
+
+    spec = ProbeSpec(backend="gloo", ranks=2, op="all_reduce", sizes=(8,))
+    forked = outcome_of(spec, {8: 1e6}).model_copy(update={"ranks_forked": 2})
+    spawned = outcome_of(spec, {8: 1e6}).model_copy(
+        update={"ranks_spawned": 2, "fork_fallback": "wrapper"}
+    )
+    gpu = GpuReading(0, "GPU-0", 0.0, 1 << 20, (4242,))
+    assert zygote_row([forked], 4242, None).status == "PASS"
+    assert zygote_row([forked], 77, [gpu]).status == "PASS"
+    held = zygote_row([forked], 4242, [gpu])
+    assert held.status == "FAIL" and "holds a CUDA context on GPU(s) [0]" in held.detail
+    fell = zygote_row([forked, spawned], 4242, None)
+    assert fell.status == "FAIL" and fell.detail == "spawned instead: wrapper"
+    assert fell.measured == "2 of 4 ranks forked"

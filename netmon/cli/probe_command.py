@@ -4,10 +4,11 @@ daemon makes its own), nccl-tests-style tables, JSON, plots and a health gate ou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import UsageError, describe_validation_error
 from netmon.probe.build import SpecError, build_spec
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import run_probe
 from netmon.probe.pairs import PairOutcome, pair_placement
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.probe.starting import base_env
 from netmon.topology.model import Topology
 
 DEFAULT_SIZES = {"gloo": "8,64K,1M,16M", "nccl": "8,64K,1M,16M,256M,1G"}
@@ -147,6 +150,13 @@ def add_parser(commands: Any) -> None:
         metavar="CMD",
         help="per-rank command prefix; {rank}, {gpu}, {numa} are replaced "
         "(numactl --cpunodebind={numa}, ip netns exec ns{gpu})",
+    )
+    probe.add_argument(
+        "--rank-start",
+        choices=("zygote", "spawn"),
+        default="zygote",
+        help="fork ranks from one process that imported torch once (zygote, default), or start "
+        "each as a new interpreter (spawn)",
     )
     probe.add_argument(
         "--pairs",
@@ -343,6 +353,19 @@ def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
     return failures
 
 
+@contextlib.contextmanager
+def _zygote(args: argparse.Namespace) -> Iterator[Zygote | None]:
+    """The rank zygote for this command's probes (one torch import for all their ranks)."""
+    if args.rank_start != "zygote":
+        yield None
+        return
+    zygote = Zygote(sys.executable, base_env())
+    try:
+        yield zygote
+    finally:
+        zygote.close()
+
+
 def run(args: argparse.Namespace) -> int:
     min_busbw = None
     if args.min_busbw is not None:
@@ -358,7 +381,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_pairs(args, request, specs)
     total = sum(len(spec.sizes) for spec in specs)
     on_event = _progress(args.quiet or total < 2, total)
-    outcomes = [run_probe(spec, on_event=on_event) for spec in specs]
+    with _zygote(args) as zygote:
+        outcomes = [run_probe(spec, on_event=on_event, zygote=zygote) for spec in specs]
     if args.plot is not None:
         from netmon.cli import plot
 
@@ -442,8 +466,11 @@ def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[Probe
             )
 
     measured: list[PairOutcome] = []
-    for _ in range(args.passes):
-        measured += pairs.run_pair_rounds(spec_of, rounds, paths, on_pair=progress)
+    with _zygote(args) as zygote:
+        for _ in range(args.passes):
+            measured += pairs.run_pair_rounds(
+                spec_of, rounds, paths, on_pair=progress, zygote=zygote
+            )
     results = pairs.best_per_pair(measured)
     verdict = pairs.verdict_at_largest(results, args.suspect_ratio)
     if args.json:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from netmon.gpu.idle import REASONS as IDLE_REASONS
+from netmon.probe.forking import FALLBACK_REASONS, START_METHODS
 
 # info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
 # netmon serves (0.0.4) has no info type, so it is exposed as a gauge, as it always was.
@@ -53,6 +54,7 @@ FAILURE_REASONS = (
     "internal",
     "member_absent",
     "transport_mismatch",
+    "zygote_lost",
 )
 SKIP_REASONS = (
     "paused",
@@ -75,6 +77,9 @@ SKIP_REASONS = (
 # Why a pair of a pairs probe was not measured: a GPU of it paused, held by another probe, or not
 # idle by NVML or the kubelet (netmon.gpu.idle's reasons).
 PAIR_SKIP_REASONS = ("paused", "devices_busy", *IDLE_REASONS)
+# How ranks started, and why a probe's ranks were spawned although the zygote was configured.
+RANK_START_METHODS = START_METHODS
+FORK_FALLBACK_REASONS = FALLBACK_REASONS
 
 
 @dataclass(frozen=True)
@@ -244,6 +249,13 @@ CATALOGUE: tuple[Family, ...] = (
            "When the running configuration was loaded"),
     Family("daemon", "netmon_start_time_seconds", "gauge", "seconds", (),
            "When the daemon started"),
+    Family("daemon", "netmon_rank_starts", "counter", "", ("method",),
+           "Rank processes started: forked by the rank zygote (fork) or spawned as a new "
+           "interpreter (spawn)"),
+    Family("daemon", "netmon_rank_fork_fallbacks", "counter", "", ("reason",),
+           "Probes whose ranks were spawned although the rank zygote was configured, by reason"),
+    Family("daemon", "netmon_zygote_starts", "counter", "", (),
+           "Starts of the rank zygote: the first at the first probe, then one after each death"),
     # scrape: whether each collector built its families
     Family("scrape", "netmon_scrape_collector_success", "gauge", "", ("collector",),
            "1 if the collector built its families from the current results, 0 if it failed (its "

@@ -20,8 +20,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from netmon.exposition.catalogue import (
     BY_NAME,
     FAILURE_REASONS,
+    FORK_FALLBACK_REASONS,
     NVML_WHEN,
     NVML_WHEN_PROBES,
+    RANK_START_METHODS,
     SKIP_REASONS,
 )
 from netmon.exposition.snapshot import LinkPoint, Snapshot
@@ -315,6 +317,19 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     started = family("netmon_start_time_seconds", snapshot)
     started.add_metric([], snapshot.started_at)
     yield from (paused, build, reload_ok, reload_failed, reload_at, started)
+    yield from _rank_start_families(snapshot)
+
+
+def _rank_start_families(snapshot: Snapshot) -> Iterator[Metric]:
+    starts = family("netmon_rank_starts", snapshot)
+    for method in sorted(set(RANK_START_METHODS) | set(snapshot.rank_starts)):
+        starts.add_metric([method], float(snapshot.rank_starts.get(method, 0)))
+    fallbacks = family("netmon_rank_fork_fallbacks", snapshot)
+    for reason in sorted(set(FORK_FALLBACK_REASONS) | set(snapshot.fork_fallbacks)):
+        fallbacks.add_metric([reason], float(snapshot.fork_fallbacks.get(reason, 0)))
+    zygote = family("netmon_zygote_starts", snapshot)
+    zygote.add_metric([], float(snapshot.zygote_starts))
+    yield from (starts, fallbacks, zygote)
 
 
 # In exposition order; the name is the `collector` label of netmon_scrape_collector_success.

@@ -147,6 +147,10 @@ class Snapshot:
     group_rejected: Mapping[str, int] = field(default_factory=dict)
     # (last reload successful, failed reloads, when the configuration was last loaded)
     config_reload: tuple[bool, int, float] = (True, 0, 0.0)
+    # Ranks started by method (fork, spawn), fork fallbacks by reason, starts of the zygote.
+    rank_starts: Mapping[str, int] = field(default_factory=dict)
+    fork_fallbacks: Mapping[str, int] = field(default_factory=dict)
+    zygote_starts: int = 0
 
 
 def series_points(

@@ -1,11 +1,12 @@
 """Runs one probe: starts its rank processes, enforces phase deadlines, kills and reaps the group.
 
-The launcher never imports torch. Each rank is a fresh interpreter in its own session (so a kill of
-its process group reaches anything it started) and talks to us over pipes: JSON lines on stdout, the
-rendezvous port on stdin. Any deadline passed, rank lost or abort request ends the whole group:
-SIGTERM (with SIGCONT, so a stopped rank can act on it), a short grace, SIGKILL, then every rank is
-reaped. Exit detection uses waitid(WNOWAIT), so no rank's PID can be reused before its group is
-killed.
+The launcher never imports torch. Each rank is a fresh process in its own session (so a kill of
+its process group reaches anything it started): forked by the rank zygote when one is given
+(netmon.probe.forking), else a new interpreter. It talks to us over pipes: JSON lines on stdout,
+the rendezvous port on stdin. Any deadline passed, rank lost, zygote lost or abort request ends
+the whole group: SIGTERM (with SIGCONT, so a stopped rank can act on it), a short grace, SIGKILL,
+then every rank is reaped. Exits are seen without reaping (waitid(WNOWAIT), here or in the
+zygote), so no rank's PID can be reused before its group is killed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import selectors
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +30,15 @@ import netmon
 from netmon import bandwidth
 from netmon.probe import nccl_debug
 from netmon.probe.debugenv import debug_env
+from netmon.probe.forking import ForkedRank, Zygote
 from netmon.probe.processes import (
     RankProcess,
+    SpawnedRank,
     describe_status,
-    exit_status,
     is_loopback,
     process_state,
+    signal_group,
+    slowest_span,
     stderr_tail,
 )
 from netmon.probe.spec import (
@@ -48,6 +51,7 @@ from netmon.probe.spec import (
     ProbeSpec,
     SizeResult,
 )
+from netmon.probe.starting import RankStarter, base_env, orphan_gone
 
 AbortCheck = Callable[[], "str | None"]
 EventHook = Callable[[str, dict[str, Any]], None]
@@ -79,10 +83,12 @@ class Launcher:
         extra_env: Mapping[str, str] | None = None,
         local_ranks: Sequence[int] | None = None,
         port_source: Callable[[], int | None] | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         """`local_ranks` (global rank numbers) are the ranks this launcher starts, all by default;
         another node starts the rest. When rank 0 is not local, `port_source` is polled for the
-        rendezvous port that rank 0's node published."""
+        rendezvous port that rank 0's node published. With a `zygote`, ranks are forked from it
+        where they can be, and spawned otherwise."""
         self.spec = spec
         self.python = python
         self.abort = abort
@@ -105,6 +111,7 @@ class Launcher:
         self._start = 0.0
         self._workdir = Path(tempfile.gettempdir())
         self.pids: list[int] = []
+        self._starter = RankStarter(spec, python, zygote)
 
     # ---- public ----
 
@@ -122,6 +129,7 @@ class Launcher:
                 failure = self._supervise()
         finally:
             self._terminate_all()
+            self._starter.close()
             transports, faults = self._transports(workdir)
             shutil.rmtree(workdir, ignore_errors=True)
         return ProbeOutcome(
@@ -136,14 +144,17 @@ class Launcher:
             peak_host_memory_bytes=self._peaks.get("rss"),
             transports=transports,
             transport_faults=faults,
+            startup_s=slowest_span(self._ranks, None, "rendezvous"),
+            init_s=slowest_span(self._ranks, "init", "warmup"),
+            ranks_forked=sum(isinstance(e.proc, ForkedRank) for e in self._ranks),
+            ranks_spawned=sum(isinstance(e.proc, SpawnedRank) for e in self._ranks),
+            fork_fallback=self._starter.fallback,
         )
 
     # ---- spawning ----
 
     def _rank_env(self, rank: int) -> dict[str, str]:
-        env = dict(os.environ)
-        package_root = str(Path(netmon.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        env = base_env()
         if self.spec.backend == "nccl":
             if self.spec.devices:
                 # The GPU found idle, by UUID where NVML gave one; an index left as such counts
@@ -158,31 +169,21 @@ class Launcher:
             env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU rank must never create a CUDA context
             if is_loopback(self.spec.host):
                 env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        # Two ranks on a small host fight over intra-op threads; collectives do not need them.
-        env.setdefault("OMP_NUM_THREADS", "1")
         env.update(self.extra_env)
         env.update(self.spec.env_dict())
         return env
 
     def _command(self, rank: int) -> list[str]:
-        return [*self.spec.wrapper_of(rank), self.python, "-m", "netmon.probe.worker"]
+        return self._starter.command(rank)
 
     def _spawn_all(self, workdir: Path) -> ProbeFailure | None:
         spec_json = self.spec.model_dump(mode="json")
         for rank in self.local_ranks:
             stderr_path = workdir / f"rank{rank}.stderr"
+            env = self._rank_env(rank)
             try:
-                command = self._command(rank)
                 with open(stderr_path, "wb") as stderr:
-                    proc = subprocess.Popen(
-                        command,
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        stderr=stderr,
-                        env=self._rank_env(rank),
-                        start_new_session=True,
-                        close_fds=True,
-                    )
+                    proc = self._starter.start(rank, env, stderr)
             except (OSError, ValueError) as exc:
                 return ProbeFailure(phase="spawn", rank=rank, cause="spawn", detail=str(exc))
             now = time.monotonic()
@@ -218,6 +219,7 @@ class Launcher:
                 self._notice_exits(now, selector)
                 if all(entry.done and entry.exit_status == 0 for entry in self._ranks):
                     return None
+                self._notice_zygote_lost(now)
                 if self._candidates:
                     first_trouble = first_trouble or now
                     if now - first_trouble >= BLAME_WINDOW_S:
@@ -268,6 +270,7 @@ class Launcher:
         if kind == "hello":
             entry.hello = True
         elif kind == "phase":
+            entry.phase_entered.setdefault(event["phase"], now - self._start)
             entry.phase = event["phase"]
             entry.phase_since = now
             if entry.size is not None and event.get("size") != entry.size:
@@ -327,7 +330,7 @@ class Launcher:
         for entry in self._ranks:
             if entry.exit_status is not None:
                 continue
-            status = exit_status(entry.proc.pid)
+            status = entry.proc.exit_status()
             if status is None:
                 continue
             # Take what it wrote before dying: its error report names the real cause.
@@ -347,6 +350,15 @@ class Launcher:
                     "exit",
                     f"{describe_status(status)}; {stderr_tail(entry.stderr_path)}",
                 )
+
+    def _notice_zygote_lost(self, now: float) -> None:
+        session = self._starter.session
+        running = [e for e in self._ranks if isinstance(e.proc, ForkedRank) and not e.done]
+        blamed = any(c.failure.cause == "zygote" for c in self._candidates)
+        if session is not None and session.lost and running and not blamed:
+            # Above a rank's own end: its ranks exit because their parent is gone.
+            phase = min((e.phase for e in running), key=PHASES.index)
+            self._blame(4, now, None, phase, "zygote", "the rank zygote died under the probe")
 
     def _blame(
         self,
@@ -428,14 +440,12 @@ class Launcher:
     # ---- teardown ----
 
     def _alive(self) -> list[RankProcess]:
-        return [e for e in self._ranks if not e.reaped and exit_status(e.proc.pid) is None]
+        return [e for e in self._ranks if not e.reaped and e.proc.exit_status() is None]
 
     def _signal_groups(self, signum: int) -> None:
         for entry in self._ranks:
-            if entry.reaped:
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(entry.proc.pid, signum)
+            if not entry.reaped and not orphan_gone(entry.proc):
+                signal_group(entry.proc.pid, signum)
 
     def _terminate_all(self) -> None:
         if self._alive():
@@ -452,7 +462,7 @@ class Launcher:
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()
-            entry.proc.wait()
+            entry.proc.reap()
             entry.reaped = True
 
     def _transports(self, workdir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:

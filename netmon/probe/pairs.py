@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from netmon.probe.build import Placement
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import AbortCheck, Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.verdict import LinkVerdict, Pair, judge_pairs
@@ -73,6 +74,7 @@ def run_pair_rounds(
     on_skip: Callable[[PairSkip], None] | None = None,
     parallel: bool | None = None,
     gate: PairGate | None = None,
+    zygote: Zygote | None = None,
 ) -> list[PairOutcome]:
     """Run every round in order, the pairs of a round concurrently; stop early on abort.
 
@@ -80,10 +82,10 @@ def run_pair_rounds(
     for GPUs and False for CPU ranks: gloo ranks share the host's cores, so concurrent pairs
     would measure each other rather than their links. `abort` stops the whole sweep; `gate`
     decides each pair (its abort check then stops that pair alone), and a pair it refuses goes
-    to `on_skip`.
+    to `on_skip`. A `zygote` forks the ranks (netmon.probe.forking).
     """
     done: list[PairOutcome] = []
-    run = _Round(abort, python or sys.executable, gate, on_skip)
+    run = _Round(abort, python or sys.executable, gate, on_skip, zygote)
     for round_pairs in rounds:
         if abort is not None and abort() is not None:
             break
@@ -115,6 +117,7 @@ class _Round:
     python: str
     gate: PairGate | None
     on_skip: Callable[[PairSkip], None] | None
+    zygote: Zygote | None = None
 
     def __call__(
         self, specs: Mapping[Pair, ProbeSpec], pairs: Sequence[Pair], paths: Mapping[Pair, str]
@@ -123,12 +126,11 @@ class _Round:
 
         def run(pair: Pair) -> None:
             if self.gate is None:
-                outcomes[pair] = Launcher(specs[pair], abort=self.abort, python=self.python).run()
+                outcomes[pair] = self._launcher(specs[pair], self.abort).run()
                 return
             with self.gate(pair) as gate:
                 if gate.reason is None:
-                    launcher = Launcher(specs[pair], abort=gate.abort, python=self.python)
-                    outcomes[pair] = launcher.run()
+                    outcomes[pair] = self._launcher(specs[pair], gate.abort).run()
                 elif self.on_skip is not None:
                     path = paths.get(pair, "unknown")
                     self.on_skip(PairSkip(pair, path, gate.reason, gate.detail))
@@ -142,6 +144,9 @@ class _Round:
         for thread in threads:
             thread.join()
         return outcomes
+
+    def _launcher(self, spec: ProbeSpec, abort: AbortCheck | None) -> Launcher:
+        return Launcher(spec, abort=abort, python=self.python, zygote=self.zygote)
 
 
 def _largest_busbw(item: PairOutcome) -> float:

@@ -3,16 +3,47 @@ status without reaping, and the last words a rank wrote to stderr. No probe logi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 from netmon.probe.spec import Phase
 
 STDERR_TAIL = 1500
+
+
+class RankHandle(Protocol):
+    """A started rank as the launcher holds it, however it was started: its PID (also its process
+    group's, as every rank leads its own session), its stdin and stdout, its exit status without
+    reaping it, and the reaping itself once its group has been killed."""
+
+    pid: int
+    stdin: IO[bytes] | None
+    stdout: IO[bytes] | None
+
+    def exit_status(self) -> int | None: ...
+
+    def reap(self) -> None: ...
+
+
+class SpawnedRank:
+    """A rank started as a new interpreter (subprocess): the launcher is its parent."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.stdin = proc.stdin
+        self.stdout = proc.stdout
+
+    def exit_status(self) -> int | None:
+        return exit_status(self.pid)
+
+    def reap(self) -> None:
+        self.proc.wait()
 
 
 @dataclass
@@ -20,10 +51,12 @@ class RankProcess:
     """One rank process as the launcher follows it: its phase, what it said, how it ended."""
 
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: RankHandle
     stderr_path: Path
     phase: Phase = "spawn"
     phase_since: float = 0.0
+    # Seconds from the launch to the first report of each phase.
+    phase_entered: dict[str, float] = field(default_factory=dict)
     size: int | None = None
     sizes_done: int = 0
     last_heard: float = 0.0
@@ -81,6 +114,17 @@ def stderr_tail(path: Path) -> str:
     return " | ".join(lines[-5:])[-STDERR_TAIL:] or "no stderr"
 
 
+def descendants_of(pid: int) -> list[int]:
+    """Children, their children and so on: with the rank zygote, the ranks are grandchildren."""
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        children = [c for parent in parents for c in children_of(parent)]
+        found += children
+        parents = children
+    return found
+
+
 def children_of(pid: int) -> list[int]:
     """The processes whose parent is `pid` (from /proc; a rank in its own session still counts)."""
     found = []
@@ -94,3 +138,25 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+def slowest_span(ranks: list[RankProcess], since: str | None, until: str) -> float | None:
+    """The longest any rank took from entering `since` (its launch: None) to entering `until`."""
+    spans = [
+        e.phase_entered[until] - (e.phase_entered[since] if since else 0.0)
+        for e in ranks
+        if until in e.phase_entered and (since is None or since in e.phase_entered)
+    ]
+    return max(spans) if spans else None
+
+
+def signal_group(pid: int, signum: int) -> None:
+    """Signal the process group a rank leads; a forked rank caught before its setsid() leads no
+    group yet, and then the process alone (unreaped, so still the rank) is all there is of it."""
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    except PermissionError:
+        pass

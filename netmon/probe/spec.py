@@ -239,6 +239,8 @@ FailureCause = Literal[
     "internal",
     # NCCL carried a group round between nodes on another network than the group declares.
     "transport_mismatch",
+    # The rank zygote, the parent of the probe's forked ranks, died under it.
+    "zygote",
 ]
 
 
@@ -259,11 +261,14 @@ class ProbeFailure(_Frozen):
             return self.cancel_reason
         if self.cause == "timeout":
             return f"timeout_{self.phase}"
-        if self.phase == "rendezvous" and self.cause != "check":
+        if self.phase == "rendezvous" and self.cause not in ("check", "zygote"):
             return "rendezvous"
-        return {"exit": "rank_exit", "signal": "rank_signal", "exception": "rank_error"}.get(
-            self.cause, self.cause
-        )
+        return {
+            "exit": "rank_exit",
+            "signal": "rank_signal",
+            "exception": "rank_error",
+            "zygote": "zygote_lost",
+        }.get(self.cause, self.cause)
 
     def describe(self) -> str:
         who = f"rank {self.rank}" if self.rank is not None else "the probe"
@@ -287,6 +292,15 @@ class ProbeOutcome(_Frozen):
     # ways they contradict the spec's intent (netmon.probe.nccl_debug.REASONS).
     transports: tuple[str, ...] = ()
     transport_faults: tuple[str, ...] = ()
+    # How its ranks started: forked by the rank zygote or spawned as new interpreters, and why
+    # they were spawned where a zygote was configured (netmon.probe.forking.FALLBACK_REASONS).
+    ranks_forked: int = 0
+    ranks_spawned: int = 0
+    fork_fallback: str | None = None
+    # The slowest rank's start-up (launch to rendezvous: interpreter and torch, or the fork) and
+    # init phase (process group: on GPUs the CUDA context and NCCL communicator), in seconds.
+    startup_s: float | None = None
+    init_s: float | None = None
 
     @property
     def ok(self) -> bool:

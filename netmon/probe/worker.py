@@ -1,10 +1,10 @@
 """The code inside one rank process: rendezvous, timed collective loops, reports to the launcher.
 
-Run as `python -m netmon.probe.worker`. The launcher writes one JSON line on stdin (the spec and
-this rank's number) and, for ranks other than 0, a second line with the rendezvous port that rank
-0's store bound. The rank answers with JSON lines on stdout: phases, heartbeats, results, its
-peak memory, errors. This is the only netmon module that imports torch, and the only one that may
-touch CUDA.
+Run as `python -m netmon.probe.worker`, or forked by the rank zygote (netmon.probe.zygote, the
+one other module that imports torch, and never touches CUDA). The launcher writes one JSON line on
+stdin (the spec and this rank's number) and, for ranks other than 0, a second line with the
+rendezvous port that rank 0's store bound. The rank answers with JSON lines on stdout: phases,
+heartbeats, results, its peak memory, errors. This is the only netmon module that may touch CUDA.
 """
 
 from __future__ import annotations

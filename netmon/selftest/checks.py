@@ -21,6 +21,7 @@ CHECKS: tuple[str, ...] = (
     "drill",
     "memory",
     "pinning",
+    "zygote",
     "telemetry",
 )
 
@@ -279,6 +280,39 @@ def telemetry_row(own_pid: int, health: LinkHealth, after: Sequence[GpuReading])
         detail = f"no PCIe reading for GPU(s) {unread}"
         return Row("telemetry", name, "FAIL", measured, goal, detail, figures)
     return Row("telemetry", name, "PASS", measured, goal, figures=figures)
+
+
+def zygote_row(
+    outcomes: Sequence[ProbeOutcome], zygote_pid: int | None, after: Sequence[GpuReading] | None
+) -> Row:
+    """The op runs' ranks forked from the rank zygote, the zygote holding no CUDA context (NVML's
+    compute processes, read after the runs; None on CPU ranks), and what a rank still pays per
+    probe: its start, and its init phase (on GPUs the CUDA context and NCCL communicator)."""
+    name, goal = "rank zygote", "every rank forked; no CUDA context in the zygote"
+    forked = sum(o.ranks_forked for o in outcomes)
+    ranks = sum(o.ranks_forked + o.ranks_spawned for o in outcomes)
+    fallbacks = sorted({o.fork_fallback for o in outcomes if o.fork_fallback})
+    startup = [o.startup_s for o in outcomes if o.startup_s is not None]
+    init = [o.init_s for o in outcomes if o.init_s is not None]
+    measured = f"{forked} of {ranks} ranks forked"
+    if startup and init:
+        measured += f"; start-up max {max(startup):.2f} s, init max {max(init):.2f} s"
+    figures = {
+        "ranks_forked": forked,
+        "ranks": ranks,
+        "startup_max_s": max(startup, default=None),
+        "init_max_s": max(init, default=None),
+    }
+    holding = [
+        r.index for r in after or () if zygote_pid is not None and zygote_pid in r.compute_pids
+    ]
+    if holding:
+        detail = f"the zygote (pid {zygote_pid}) holds a CUDA context on GPU(s) {holding}"
+        return Row("zygote", name, "FAIL", measured, goal, detail, figures)
+    if not ranks or forked < ranks:
+        detail = f"spawned instead: {', '.join(fallbacks)}" if fallbacks else "no rank ran"
+        return Row("zygote", name, "FAIL", measured, goal, detail, figures)
+    return Row("zygote", name, "PASS", measured, goal, figures=figures)
 
 
 def exit_code(rows: Sequence[Row]) -> int:

@@ -19,9 +19,11 @@ from netmon.gpu.fabric import FabricReading
 from netmon.gpu.idle import GpuReading, IdleSourceError
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe.build import build_spec
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import run_probe
 from netmon.probe.paths import PATHS, unsupported
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.probe.starting import base_env
 from netmon.selftest import checks, drill, versus
 from netmon.selftest.checks import Row, skipped
 from netmon.selftest.report import Report
@@ -69,6 +71,7 @@ Progress = Callable[[Row], None]
 class _Selftest:
     plan: Plan
     progress: Progress
+    zygote: Zygote
     rows: list[Row] = field(default_factory=list)
     ops: dict[str, ProbeOutcome] = field(default_factory=dict)
     ratios: tuple[versus.SizeRatio, ...] = ()
@@ -77,9 +80,13 @@ class _Selftest:
         self.rows.append(row)
         self.progress(row)
 
+    def probe(self, spec: ProbeSpec) -> ProbeOutcome:
+        """One run, its ranks forked from the rank zygote as the daemon's are."""
+        return run_probe(spec, zygote=self.zygote)
+
     def all_reduce(self) -> ProbeOutcome:
         if "all_reduce" not in self.ops:
-            self.ops["all_reduce"] = run_probe(self.plan.spec(op="all_reduce"))
+            self.ops["all_reduce"] = self.probe(self.plan.spec(op="all_reduce"))
         return self.ops["all_reduce"]
 
     # ---- the checks, in the order they run ----
@@ -90,7 +97,7 @@ class _Selftest:
             if op == "all_gather_object":
                 # It pickles its payload through host memory: larger sizes only make it slow.
                 sized["sizes"] = (min(self.plan.probe.sizes),)
-            outcome = run_probe(self.plan.spec(op=op, **sized))
+            outcome = self.probe(self.plan.spec(op=op, **sized))
             self.ops[op] = outcome
             self.add(checks.judge_run("ops", f"op {op}", outcome))
 
@@ -118,7 +125,7 @@ class _Selftest:
                 self.add(skipped("paths", name, reason))
                 continue
             self.add(
-                checks.judge_run("paths", name, run_probe(self.plan.spec(path, op="all_reduce")))
+                checks.judge_run("paths", name, self.probe(self.plan.spec(path, op="all_reduce")))
             )
 
     def run_nccl_tests(self) -> None:
@@ -186,13 +193,13 @@ class _Selftest:
             return
         # CPU ranks: probes of their own at a size whose buffers outweigh what a fresh rank's
         # resident memory varies by (docs/GPU-ACCEPTANCE.md), one sample each, values checked.
-        footprint = run_probe(self.plan.spec(op="all_reduce", sizes=(8,), **MEMORY_RUN))
+        footprint = self.probe(self.plan.spec(op="all_reduce", sizes=(8,), **MEMORY_RUN))
         for op in OPS:
             reason = checks.memory_skip(op, self.plan.backend)
             if reason is not None:
                 self.add(skipped("memory", f"memory {op}", reason))
                 continue
-            outcome = run_probe(self.plan.spec(op=op, sizes=(HOST_MEMORY_SIZE,), **MEMORY_RUN))
+            outcome = self.probe(self.plan.spec(op=op, sizes=(HOST_MEMORY_SIZE,), **MEMORY_RUN))
             self.add(checks.host_memory_row(outcome, footprint.peak_host_memory_bytes))
 
     def run_pinning(self) -> None:
@@ -200,6 +207,13 @@ class _Selftest:
             self.add(skipped("pinning", "pinning", "needs the op runs (--skip ops)"))
             return
         self.add(checks.pinning_row(list(self.ops.values())))
+
+    def run_zygote(self) -> None:
+        if not self.ops:
+            self.add(skipped("zygote", "rank zygote", "needs the op runs (--skip ops)"))
+            return
+        after = _compute_processes() if self.plan.backend == "nccl" else None
+        self.add(checks.zygote_row(list(self.ops.values()), self.zygote.pid, after))
 
     def run_telemetry(self) -> None:
         if self.plan.backend != "nccl":
@@ -216,6 +230,14 @@ def _telemetry_read() -> tuple[LinkHealth, list[GpuReading]]:
     health = read_link_health(False)
     with NvmlSource() as source:
         return health, source.read()
+
+
+def _compute_processes() -> list[GpuReading]:
+    """NVML's compute processes of every GPU, now."""
+    from netmon.gpu.nvml import NvmlSource
+
+    with NvmlSource() as source:
+        return source.read()
 
 
 def _fabric() -> tuple[FabricReading, ...]:
@@ -245,7 +267,8 @@ def environment(outcomes: dict[str, ProbeOutcome], topology: Topology | None) ->
 def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
     """Every check not skipped, in order; an unexpected error stops the rest (Report.error)."""
     started, clock = time.time(), time.monotonic()
-    test = _Selftest(plan, progress)
+    zygote = Zygote(plan.node.rank_python or sys.executable, base_env())
+    test = _Selftest(plan, progress, zygote)
     steps: dict[str, Callable[[], None]] = {
         "ops": test.run_ops,
         "paths": test.run_paths,
@@ -253,18 +276,22 @@ def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
         "drill": test.run_drill,
         "memory": test.run_memory,
         "pinning": test.run_pinning,
+        "zygote": test.run_zygote,
         "telemetry": test.run_telemetry,
     }
     error = None
-    for check, step in steps.items():
-        if check in plan.skip:
-            test.add(skipped(check, check, f"--skip {check}"))
-            continue
-        try:
-            step()
-        except Exception as exc:  # a fault of the selftest itself, not of the node
-            error = f"{check}: {type(exc).__name__}: {one_line(exc)}"
-            break
+    try:
+        for check, step in steps.items():
+            if check in plan.skip:
+                test.add(skipped(check, check, f"--skip {check}"))
+                continue
+            try:
+                step()
+            except Exception as exc:  # a fault of the selftest itself, not of the node
+                error = f"{check}: {type(exc).__name__}: {one_line(exc)}"
+                break
+    finally:
+        zygote.close()
     spec = plan.spec(op="all_reduce")
     return Report(
         backend=plan.backend,

@@ -31,6 +31,7 @@ from netmon.group.members import GroupConfig, World, lay_out, leader_of
 from netmon.logs import event
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.serve.current import CurrentConfig
@@ -66,8 +67,10 @@ class Coordinator:
         readiness: Readiness,
         results: Results,
         topology: Topology | None = None,
+        zygote: Zygote | None = None,
     ) -> None:
         self.current = current
+        self.zygote = zygote
         self.group = group
         self.me = me
         self.link = SealedLink(link, sealer, self.rejected)
@@ -462,6 +465,7 @@ class Coordinator:
             local_ranks=local,
             port_source=port_source,
             python=config.rank_python or sys.executable,
+            zygote=self.zygote,
         )
         return transport_checked(launcher.run())
 

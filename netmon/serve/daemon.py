@@ -36,6 +36,8 @@ from netmon.group.link import GroupError, GroupLink
 from netmon.group.members import bind_address, identify_self, member_port
 from netmon.logs import event
 from netmon.probe.build import SpecError, build_spec
+from netmon.probe.forking import Zygote
+from netmon.probe.starting import base_env
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
 from netmon.serve.readiness import DeviceLocks, Readiness
@@ -57,6 +59,7 @@ RESTART_FIELDS = (
     "devices",
     "group",
     "rank_python",
+    "rank_start",
     "topology_file",
 )
 FIRST_RUN_DELAY_S = 1.0
@@ -181,6 +184,8 @@ class Daemon:
         )
         self.runner = ProbeRunner(self.current, self.results, self.readiness)
         self.runner.topology = self.topology
+        self.zygote = _zygote(config, self.results)
+        self.runner.zygote = self.zygote
         if self.topology is not None:
             self.results.set_topology(
                 [(a, b, str(path)) for (a, b), path in self.topology.pairs().items()]
@@ -304,6 +309,7 @@ class Daemon:
             self.readiness,
             self.results,
             self.topology,
+            zygote=self.zygote,
         )
         self.coordinator.start()
 
@@ -341,6 +347,8 @@ class Daemon:
             self.coordinator.join(max(0.0, deadline - time.monotonic()))
         if self.link is not None:
             self.link.stop()
+        if self.zygote is not None:
+            self.zygote.close()  # after the probes: it ends with whatever ranks it still has
         self.server.shutdown()
         self.server.server_close()
         log.info("netmon stopped")
@@ -367,6 +375,13 @@ class Daemon:
                 self.reload()
         self.stop()
         return 0
+
+
+def _zygote(config: NetmonConfig, results: Results) -> Zygote | None:
+    """The rank zygote, started at the first probe; none with `rank_start: spawn`."""
+    if config.rank_start != "zygote":
+        return None
+    return Zygote(config.rank_python or sys.executable, base_env(), on_start=results.zygote_started)
 
 
 def _url_host(host: str) -> str:

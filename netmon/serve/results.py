@@ -17,7 +17,11 @@ from pathlib import Path
 import netmon
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exposition.catalogue import PAIR_SKIP_REASONS
+from netmon.exposition.catalogue import (
+    FORK_FALLBACK_REASONS,
+    PAIR_SKIP_REASONS,
+    RANK_START_METHODS,
+)
 from netmon.exposition.snapshot import (
     GroupView,
     LinkPoint,
@@ -93,6 +97,9 @@ class Results:
         self._reload_ok = True
         self._reload_failures = 0
         self._reloaded_at = time.time()
+        self._rank_starts = dict.fromkeys(RANK_START_METHODS, 0)
+        self._fork_fallbacks = dict.fromkeys(FORK_FALLBACK_REASONS, 0)
+        self._zygote_starts = 0
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self._group_rejected: dict[str, int] = {}
@@ -203,6 +210,11 @@ class Results:
                 self._link_load = health
             self._snapshot = self._build_snapshot()
 
+    def zygote_started(self) -> None:
+        with self._lock:
+            self._zygote_starts += 1
+            self._snapshot = self._build_snapshot()
+
     def link_read_failed(self) -> None:
         with self._lock:
             self._link_read_errors += 1
@@ -220,6 +232,11 @@ class Results:
         if outcome.failure is not None:
             reason = outcome.failure.reason
             tally.failures[reason] = tally.failures.get(reason, 0) + 1
+        self._rank_starts["fork"] += outcome.ranks_forked
+        self._rank_starts["spawn"] += outcome.ranks_spawned
+        if outcome.fork_fallback is not None:
+            why = outcome.fork_fallback
+            self._fork_fallbacks[why] = self._fork_fallbacks.get(why, 0) + 1
 
     def _note_transports(self, probe: str, path: str, outcome: ProbeOutcome) -> None:
         if outcome.transports:
@@ -373,6 +390,9 @@ class Results:
             peer_verdicts=dict(self._peer_verdicts),
             group_rejected=dict(self._group_rejected),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
+            rank_starts=dict(self._rank_starts),
+            fork_fallbacks=dict(self._fork_fallbacks),
+            zygote_starts=self._zygote_starts,
         )
 
 

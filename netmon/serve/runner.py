@@ -21,6 +21,7 @@ from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.logs import event
 from netmon.probe.build import LOCAL, Placement, build_spec, gpu_index
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import Launcher
 from netmon.probe.pairs import (
     Gate,
@@ -63,6 +64,7 @@ class ProbeRunner:
         # ranks, empty where NVML gave none. Read once by the daemon.
         self.fabric: tuple[FabricReading, ...] | None = None
         self.link_health_reader: Callable[[bool], LinkHealth] | None = None
+        self.zygote: Zygote | None = None  # forks the ranks; None: spawned (rank_start: spawn)
         self._nccl = ""  # the NCCL version the last ranks reported (path variants need 2.24)
 
     def run(self, name: str) -> None:
@@ -150,6 +152,7 @@ class ProbeRunner:
                 abort=abort,
                 python=_python(config),
                 on_event=self._on_measure(variant),
+                zygote=self.zygote,
             )
             outcome = launcher.run()
             self._nccl = (outcome.environment and outcome.environment.nccl) or self._nccl
@@ -237,6 +240,7 @@ class ProbeRunner:
                 python=_python(config),
                 gate=self._gate if on_gpus else None,
                 on_skip=sweep_skips.append,
+                zygote=self.zygote,
             )
         results = best_per_pair(measured)
         ran = {item.pair for item in results}

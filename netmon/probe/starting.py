@@ -1,0 +1,105 @@
+"""How a rank process starts: forked by the rank zygote where it can be (netmon.probe.forking),
+else spawned as a new interpreter, each in its own session. One RankStarter per probe: it holds
+the probe's zygote session and the first reason any of its ranks had to be spawned."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import IO
+
+import netmon
+from netmon.probe.forking import ForkedRank, Session, Zygote, ZygoteLost, early_variable
+from netmon.probe.processes import RankHandle, SpawnedRank, process_state
+from netmon.probe.spec import ProbeSpec
+
+
+def base_env() -> dict[str, str]:
+    """What every rank's environment starts from (and the rank zygote's): ours, with netmon
+    importable and one intra-op thread (two ranks on a small host fight over intra-op threads;
+    collectives do not need them)."""
+    env = dict(os.environ)
+    package_root = str(Path(netmon.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+class RankStarter:
+    def __init__(self, spec: ProbeSpec, python: str, zygote: Zygote | None) -> None:
+        self.spec = spec
+        self.python = python
+        self.zygote = zygote
+        self.session: Session | None = None
+        self.fallback: str | None = None  # why a rank was spawned although a zygote was given
+
+    def command(self, rank: int) -> list[str]:
+        """A spawned rank's command line: its wrapper, then the worker."""
+        return [*self.spec.wrapper_of(rank), self.python, "-m", "netmon.probe.worker"]
+
+    def start(self, rank: int, env: dict[str, str], stderr: IO[bytes]) -> RankHandle:
+        return self._fork(rank, env, stderr.fileno()) or self._spawn(rank, env, stderr)
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+
+    def _spawn(self, rank: int, env: dict[str, str], stderr: IO[bytes]) -> RankHandle:
+        proc = subprocess.Popen(
+            self.command(rank),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        return SpawnedRank(proc)
+
+    def _fork(self, rank: int, env: dict[str, str], stderr: int) -> RankHandle | None:
+        """The rank forked by the zygote, or None (the reason noted) where it must be spawned."""
+        if self.zygote is None:
+            return None
+        why = self._why_not_fork(rank, env)
+        if why is None and self._open_session() is None:
+            why = "unavailable"
+        if why is not None:
+            self.fallback = self.fallback or why
+            return None
+        assert self.session is not None
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            pid = self.session.fork(env, stdin_r, stdout_w, stderr)
+        except ZygoteLost:
+            pid = "unavailable"
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        if isinstance(pid, str):
+            os.close(stdin_w)
+            os.close(stdout_r)
+            self.fallback = self.fallback or ("refused" if pid != "unavailable" else pid)
+            return None
+        return ForkedRank(self.session, pid, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
+
+    def _why_not_fork(self, rank: int, env: dict[str, str]) -> str | None:
+        assert self.zygote is not None
+        if self.spec.wrapper_of(rank):
+            return "wrapper"  # the wrapper must exec the interpreter itself
+        if self.python != self.zygote.python:
+            return "python"
+        if early_variable(self.zygote.env, env) is not None:
+            return "environment"  # it may be read by `import torch`, which the zygote did
+        return None
+
+    def _open_session(self) -> Session | None:
+        if self.session is None and self.zygote is not None:
+            self.session = self.zygote.session()
+        return self.session
+
+
+def orphan_gone(proc: RankHandle) -> bool:
+    """A forked rank whose zygote died was reaped by init: its PID may already be another's."""
+    return isinstance(proc, ForkedRank) and proc.session.lost and process_state(proc.pid) is None

@@ -1,0 +1,262 @@
+"""The rank zygote: ranks forked from one process that imported torch once, with the isolation of
+spawned ranks (their own session, their own environment, killed and reaped by the launcher), the
+fallbacks to spawning, and a zygote killed under a probe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netmon.probe.forking import Zygote, early_variable
+from netmon.probe.launcher import Launcher
+from netmon.probe.processes import children_of, process_state
+from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.probe.starting import base_env
+from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
+
+SMALL = ProbeSpec(backend="gloo", ranks=2, op="all_reduce", sizes=(8, 1024), iters=5, warmup=1)
+LONG = ProbeSpec(
+    backend="gloo", ranks=2, op="all_reduce", sizes=(16 << 20,), iters=500, warmup=1, timeout=60
+)
+
+
+@pytest.fixture
+def zygotes() -> Iterator[list[Zygote]]:
+    made: list[Zygote] = []
+    yield made
+    for zygote in made:
+        zygote.close()
+
+
+def new_zygote(made: list[Zygote], python: str = sys.executable) -> Zygote:
+    """Made in the test itself: pytest's PYTEST_CURRENT_TEST differs between a fixture's setup
+    and the test, and a rank whose environment differs from the zygote's is spawned."""
+    made.append(Zygote(python, base_env()))
+    return made[-1]
+
+
+def _stat(pid: int) -> tuple[int, int, int]:
+    """(parent, process group, session) of a live process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[2]), int(fields[3])
+
+
+def _gone(pids: list[int]) -> bool:
+    return all(process_state(pid) in (None, "Z") for pid in pids)
+
+
+def test_ranks_are_forked_in_their_own_sessions_and_nothing_is_left(zygotes: list[Zygote]) -> None:
+    zygote = new_zygote(zygotes)
+    seen: dict[int, tuple[int, int, int]] = {}
+
+    def on_event(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "hello":
+            seen[fields["rank"]] = _stat(int(fields["pid"]))
+
+    first = Launcher(SMALL, zygote=zygote, on_event=on_event).run()
+    assert first.ok, first.failure
+    assert (first.ranks_forked, first.ranks_spawned, first.fork_fallback) == (2, 0, None)
+    assert [r.size_bytes for r in first.results] == [8, 1024]
+    assert zygote.pid is not None
+    assert sorted(seen) == [0, 1]
+    for rank, (parent, group, session) in seen.items():
+        assert parent == zygote.pid, rank
+        assert group == session != _stat(zygote.pid)[2]  # a session of its own, as it leads
+    # Reaped by the zygote when the launcher asked: no child, zombie or not, is left to it.
+    assert children_of(zygote.pid) == []
+    second = Launcher(SMALL, zygote=zygote).run()
+    assert second.ok and second.ranks_forked == 2
+    assert zygote.starts == 1  # one torch import for both probes
+
+
+def test_a_forked_rank_runs_with_its_own_environment(zygotes: list[Zygote]) -> None:
+    zygote = new_zygote(zygotes)
+    """The zygote runs with CUDA_VISIBLE_DEVICES empty; each rank reports the one its launcher
+    gave it, set before the worker started (gloo ranks do not open the device)."""
+
+    class Pinned(Launcher):
+        def _rank_env(self, rank: int) -> dict[str, str]:
+            return {**super()._rank_env(rank), "CUDA_VISIBLE_DEVICES": f"GPU-fake-{rank}"}
+
+    for reporter in (0, 1):
+        spec = SMALL.model_copy(update={"reporters": (reporter,)})
+        outcome = Pinned(spec, zygote=zygote).run()
+        assert outcome.ok and outcome.ranks_forked == 2
+        assert outcome.environment is not None
+        assert outcome.environment.devices == (f"GPU-fake-{reporter}",)
+    assert zygote.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert outcome.startup_s is not None and outcome.init_s is not None
+    assert 0 < outcome.startup_s < outcome.wall_s
+
+
+def test_what_must_be_spawned_is_spawned_and_counted(zygotes: list[Zygote], tmp_path: Path) -> None:
+    zygote = new_zygote(zygotes)
+    # A variable that `import torch` may read: not forkable.
+    assert early_variable({"A": "1"}, {"A": "1", "NCCL_ALGO": "Ring"}) is None
+    assert early_variable({"A": "1"}, {"A": "2", "NCCL_ALGO": "Ring"}) == "A"
+    assert early_variable({"TORCH_CPP_LOG_LEVEL": "INFO"}, {}) == "TORCH_CPP_LOG_LEVEL"
+    early = Launcher(SMALL, zygote=zygote, extra_env={"PYTHONHASHSEED": "7"}).run()
+    assert early.ok and (early.ranks_spawned, early.fork_fallback) == (2, "environment")
+    # A wrapper must exec the interpreter itself.
+    wrapped_spec = SMALL.model_copy(update={"wrappers": ((1, ("env",)),)})
+    wrapped = Launcher(wrapped_spec, zygote=zygote).run()
+    assert wrapped.ok
+    assert (wrapped.ranks_forked, wrapped.ranks_spawned, wrapped.fork_fallback) == (1, 1, "wrapper")
+    # Another interpreter than the zygote's.
+    other = tmp_path / "python"
+    other.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    other.chmod(0o755)
+    moved = Launcher(SMALL, zygote=zygote, python=str(other)).run()
+    assert moved.ok and (moved.ranks_spawned, moved.fork_fallback) == (2, "python")
+
+
+def test_a_zygote_that_cannot_start_leaves_the_ranks_spawned(tmp_path: Path) -> None:
+    """An interpreter that runs ranks but dies as a zygote: every probe still runs, spawned, and
+    the start is not retried at every probe."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase "$2" in netmon.probe.zygote) exit 3;; esac\nexec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    broken = Zygote(str(python), base_env())
+    try:
+        for _ in range(2):
+            outcome = Launcher(SMALL, zygote=broken, python=str(python)).run()
+            assert outcome.ok, outcome.failure
+            assert (outcome.ranks_spawned, outcome.fork_fallback) == (2, "unavailable")
+        assert broken.starts == 0 and broken.pid is None
+    finally:
+        broken.close()
+
+
+def test_a_zygote_refuses_to_fork_once_cuda_is_initialised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made to believe CUDA is initialised in it (no GPU here), the zygote forks nothing and
+    the ranks are spawned: a fork after CUDA's initialisation would hand ranks a broken CUDA.
+    (The spawned gloo ranks believe it too, and never touch CUDA.)"""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import torch\ntorch.cuda.is_initialized = lambda: True\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    zygote = Zygote(sys.executable, base_env())
+    try:
+        outcome = Launcher(SMALL, zygote=zygote).run()
+        assert outcome.ok, outcome.failure
+        assert (outcome.ranks_forked, outcome.ranks_spawned) == (0, 2)
+        assert outcome.fork_fallback == "refused"
+        assert zygote.pid is not None and children_of(zygote.pid) == []
+    finally:
+        zygote.close()
+
+
+def test_a_zygote_killed_mid_probe_fails_it_by_name_and_the_next_run_works(
+    zygotes: list[Zygote],
+) -> None:
+    zygote = new_zygote(zygotes)
+    launcher = Launcher(LONG, zygote=zygote)
+    done: list[ProbeOutcome] = []
+    runner = threading.Thread(target=lambda: done.append(launcher.run()))
+    runner.start()
+    wait_until(
+        lambda: (
+            len(launcher.pids) == 2
+            and all(process_state(p) not in (None, "Z") for p in launcher.pids)
+        ),
+        60,
+        "both ranks forked",
+    )
+    first_zygote = zygote.pid
+    assert first_zygote is not None
+    os.kill(first_zygote, signal.SIGKILL)
+    runner.join(60)
+    assert not runner.is_alive()
+    failure = done[0].failure
+    assert failure is not None and failure.reason == "zygote_lost", failure
+    assert "zygote" in failure.describe()
+    wait_until(lambda: _gone(launcher.pids), 15, "the orphaned ranks to end")
+    again = Launcher(SMALL, zygote=zygote).run()
+    assert again.ok and again.ranks_forked == 2
+    assert zygote.starts == 2 and zygote.pid not in (None, first_zygote)
+
+
+def test_closing_the_zygote_ends_it_and_any_rank_it_has(zygotes: list[Zygote]) -> None:
+    zygote = new_zygote(zygotes)
+    launcher = Launcher(LONG, zygote=zygote)
+    runner = threading.Thread(target=launcher.run)
+    runner.start()
+    wait_until(lambda: len(launcher.pids) == 2, 60, "both ranks forked")
+    pid = zygote.pid
+    assert pid is not None
+    zygote.close()  # as a daemon's stop does, after its probes: here one is still running
+    runner.join(60)
+    assert not runner.is_alive()
+    assert process_state(pid) is None
+    wait_until(lambda: _gone(launcher.pids), 15, "its ranks to end")
+    assert zygote.session() is None  # closed for good
+
+
+# ---- in the daemon ----
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        if daemon.proc.poll() is None:
+            daemon.kill_all()
+
+
+def _zygote_of(daemon: DaemonProcess) -> int | None:
+    for pid in daemon.tagged_processes():
+        try:
+            if b"netmon.probe.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_the_daemon_survives_its_zygote_and_counts_it(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    long = {"name": "long", "sizes": ["16M"], "interval": "3s", "iters": 400, "warmup": 1}
+    daemon = DaemonProcess(tmp_path, fast_config(tmp_path, probes=[long]))
+    daemons.append(daemon)
+    wait_until(lambda: daemon.value("netmon_rank_starts_total", method="fork") == 2, 90, "forks")
+    zygote = _zygote_of(daemon)
+    assert zygote is not None
+    wait_until(lambda: len(children_of(zygote)) == 2, 60, "the long probe's ranks")
+    os.kill(zygote, signal.SIGKILL)
+
+    def lost() -> float:
+        failures = series(daemon.scrape(), "netmon_probe_failures_total")
+        return sum(v for k, v in failures.items() if dict(k)["reason"] == "zygote_lost")
+
+    wait_until(lambda: lost() == 1, 60, "the run to fail as zygote_lost")
+    killed_at = time.time()
+    wait_until(
+        lambda: (
+            (daemon.value("netmon_probe_last_success_timestamp_seconds", probe="long") or 0)
+            > killed_at
+        ),
+        120,
+        "a run after the kill to succeed",
+    )
+    assert daemon.value("netmon_zygote_starts_total") == 2
+    assert daemon.value("netmon_rank_starts_total", method="spawn") == 0
+    assert daemon.value("netmon_rank_fork_fallbacks_total", reason="unavailable") == 0
+    assert daemon.stop(timeout=15) == 0
+    assert daemon.tagged_processes() == []
+    assert "Traceback" not in daemon.log()
