@@ -190,6 +190,29 @@ def test_a_zygote_killed_mid_probe_fails_it_by_name_and_the_next_run_works(
     assert zygote.starts == 2 and zygote.pid not in (None, first_zygote)
 
 
+def test_a_stopped_zygote_is_killed_and_the_probe_runs_spawned(zygotes: list[Zygote]) -> None:
+    """A zygote that does not answer (SIGSTOP here; a wedged one alike) must not stall the
+    probe: after the reply deadline it is killed, this probe's ranks are spawned, and the next
+    probe forks again from a new zygote."""
+    zygote = new_zygote(zygotes)
+    zygote.reply_timeout_s = 2.0
+    assert Launcher(SMALL, zygote=zygote).run().ranks_forked == 2
+    stopped = zygote.pid
+    assert stopped is not None
+    os.kill(stopped, signal.SIGSTOP)
+    began = time.monotonic()
+    outcome = Launcher(SMALL, zygote=zygote).run()
+    assert outcome.ok, outcome.failure
+    assert (outcome.ranks_spawned, outcome.fork_fallback) == (2, "unavailable")
+    assert time.monotonic() - began < 2.0 + 20  # the deadline, then a spawned probe
+    # Killed: a zombie until the next session finds it dead and reaps it.
+    wait_until(lambda: process_state(stopped) in (None, "Z"), 15, "the stopped zygote killed")
+    again = Launcher(SMALL, zygote=zygote).run()
+    assert again.ok and again.ranks_forked == 2
+    assert zygote.starts == 2 and zygote.pid != stopped
+    assert process_state(stopped) is None
+
+
 def test_closing_the_zygote_ends_it_and_any_rank_it_has(zygotes: list[Zygote]) -> None:
     zygote = new_zygote(zygotes)
     launcher = Launcher(LONG, zygote=zygote)

@@ -33,6 +33,9 @@ START_METHODS = ("fork", "spawn")
 START_TIMEOUT_S = 120.0
 RETRY_AFTER_S = 60.0
 CLOSE_GRACE_S = 5.0
+# The zygote answers a fork at once and a reap as soon as the killed rank ends: no answer in this
+# long means it is stopped or wedged, and it is killed (the next probe starts another).
+REPLY_TIMEOUT_S = 30.0
 
 # Variables read only when a rank initialises CUDA, NCCL, gloo or the c10d process group, all of
 # which happens after the fork (docs/FACTS.md, "The rank zygote"). Anything else that differs from
@@ -65,8 +68,15 @@ class ZygoteLost(Exception):
 class Session:
     """One probe's channel to the zygote: forks its ranks, hears their exits, reaps them."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_stuck: Callable[[], None] = lambda: None,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> None:
         self.sock = sock
+        self.on_stuck = on_stuck
+        self.reply_timeout_s = reply_timeout_s
         self.exits: dict[int, int] = {}
         self.reaped: set[int] = set()
         self.lost = False
@@ -115,10 +125,15 @@ class Session:
         """Read what the zygote said: exits and reaps are noted, other replies queued. Blocking,
         it returns after one message; an ended session sets `lost`."""
         while not self.lost:
-            self.sock.setblocking(block)
+            self.sock.settimeout(self.reply_timeout_s if block else 0.0)
             try:
                 data = self.sock.recv(MESSAGE_BYTES)
             except BlockingIOError:
+                return
+            except TimeoutError:
+                log.warning("rank zygote silent for %.0f s: killing it", self.reply_timeout_s)
+                self.lost = True
+                self.on_stuck()
                 return
             except OSError:
                 data = b""
@@ -183,6 +198,7 @@ class Zygote:
         self._control: socket.socket | None = None
         self._failed_at: float | None = None
         self._closed = False
+        self.reply_timeout_s = REPLY_TIMEOUT_S
 
     @property
     def pid(self) -> int | None:
@@ -200,7 +216,7 @@ class Zygote:
                 try:
                     assert self._control is not None
                     send(self._control, {"op": "session"}, [theirs.fileno()])
-                    return Session(mine)
+                    return Session(mine, self._kill, self.reply_timeout_s)
                 except OSError:
                     mine.close()
                     self._stop()
@@ -213,6 +229,14 @@ class Zygote:
         with self._lock:
             self._closed = True
             self._stop()
+
+    def _kill(self) -> None:
+        """A stopped or wedged zygote: SIGKILL ends it (its ranks end as their parent goes), and
+        the next session starts another. No lock: a session may be waiting on it."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and self._control is not None
