@@ -10,7 +10,10 @@ median: a verdict whose interval straddles the tolerance is reported as inconclu
 fixed cost is a whole `netmon probe` CLI run, timed from outside, minus its time inside timed
 collectives.
 
-    python bench/probe_vs_loop.py [--rounds N] [--quick]
+    python bench/probe_vs_loop.py [--rounds N] [--quick] [--rank-start zygote|spawn]
+
+netmon's ranks are forked by its rank zygote by default, as in the daemon; `--rank-start spawn`
+starts each as a fresh interpreter (and so does the plain loop, always).
 
 One JSON document goes to stdout; progress goes to stderr.
 """
@@ -53,6 +56,8 @@ TARGETS = (
     ("latency_8B_same_statistic", 8, "latency_same_statistic", 0.10),
 )
 RUN_TIMEOUT_S = 120.0
+# The rank zygote netmon's probes fork their ranks from (None: ranks spawned); set by main().
+ZYGOTE: Any = None
 
 Stats = dict[str, float]
 
@@ -225,9 +230,11 @@ def run_netmon(sizes: Sequence[int], iters: int, timing: str) -> dict[str, Any]:
         if kind == "phase":
             entered.setdefault(str(event["phase"]), []).append(time.monotonic() - start)
 
-    outcome = run_probe(spec, on_event=on_event)
+    outcome = run_probe(spec, on_event=on_event, zygote=ZYGOTE)
     if outcome.failure is not None:
         raise RuntimeError(f"netmon probe ({timing}) failed: {outcome.failure.describe()}")
+    if ZYGOTE is not None and outcome.ranks_forked != RANKS:
+        raise RuntimeError(f"netmon probe ({timing}): ranks not forked ({outcome.fork_fallback})")
     env = outcome.environment
     # The slower rank's entry into each phase; phases repeat per size, so take the first entry.
     ready = max(entered["rendezvous"])
@@ -254,7 +261,7 @@ def _netmon_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "netmon"]
 
 
-def cli_command(sizes: Sequence[int]) -> list[str]:
+def cli_command(sizes: Sequence[int], rank_start: str) -> list[str]:
     return [
         *_netmon_command(),
         "probe",
@@ -262,15 +269,18 @@ def cli_command(sizes: Sequence[int]) -> list[str]:
         f"--ranks={RANKS}",
         "--op=all_reduce",
         f"--sizes={','.join(map(str, sizes))}",
+        f"--rank-start={rank_start}",
         "--json",
         "--quiet",
     ]
 
 
-def run_cli(sizes: Sequence[int]) -> dict[str, float]:
+def run_cli(sizes: Sequence[int], rank_start: str) -> dict[str, float]:
     """A whole `netmon probe --json` run with default timing, timed from outside."""
     start = time.monotonic()
-    done = subprocess.run(cli_command(sizes), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    done = subprocess.run(
+        cli_command(sizes, rank_start), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
     cli_wall = time.monotonic() - start
     if done.returncode != 0:
         raise RuntimeError(f"netmon probe exited {done.returncode}: {done.stderr[-1500:]}")
@@ -297,7 +307,22 @@ def cpu_seconds() -> tuple[float, float]:
     # user nice system idle iowait irq softirq steal ...
     busy = sum(fields[:3]) + sum(fields[5:8])
     own = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return busy / os.sysconf("SC_CLK_TCK"), sum(u.ru_utime + u.ru_stime for u in own)
+    ticks = os.sysconf("SC_CLK_TCK")
+    return busy / ticks, sum(u.ru_utime + u.ru_stime for u in own) + zygote_ticks() / ticks
+
+
+def zygote_ticks() -> int:
+    """The live rank zygote's CPU and its reaped ranks' (RUSAGE_CHILDREN counts neither until
+    the zygote itself is reaped): utime, stime, cutime, cstime of /proc/PID/stat."""
+    pid = ZYGOTE.pid if ZYGOTE is not None else None
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return sum(int(v) for v in fields[11:15])  # fields 14-17 of proc(5), counted from 1
 
 
 def foreign_share(start: float, busy: float, own: float) -> float:
@@ -465,6 +490,23 @@ def targets(by_size: dict[int, dict[str, Any]], timing: str) -> list[dict[str, A
     return checks
 
 
+@contextlib.contextmanager
+def rank_zygote(rank_start: str) -> Any:
+    global ZYGOTE
+    if rank_start != "zygote":
+        yield
+        return
+    from netmon.probe.forking import Zygote
+    from netmon.probe.starting import base_env
+
+    ZYGOTE = Zygote(sys.executable, base_env())
+    try:
+        yield
+    finally:
+        ZYGOTE.close()
+        ZYGOTE = None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 10; --quick 2)")
@@ -483,6 +525,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sizes", default=",".join(map(str, SIZES)), help="sizes in bytes (default 8,1M,16M)"
+    )
+    parser.add_argument(
+        "--rank-start",
+        choices=("zygote", "spawn"),
+        default="zygote",
+        help="netmon's ranks forked by its rank zygote (default, as in the daemon) or spawned",
     )
     # Internal: run as one rank of the plain loop.
     parser.add_argument("--plain-rank", type=int, help=argparse.SUPPRESS)
@@ -512,10 +560,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_runs = args.cli_runs or (1 if args.quick else 3)
     started = time.monotonic()
     load_before = os.getloadavg()
-    rounds = [one_round(n, sizes, iters, args.batched_iters) for n in range(rounds_n)]
+    with rank_zygote(args.rank_start):
+        rounds = [one_round(n, sizes, iters, args.batched_iters) for n in range(rounds_n)]
     cli = []
     for number in range(cli_runs):
-        cli.append(run_cli(sizes))
+        cli.append(run_cli(sizes, args.rank_start))
         log(f"cli run {number + 1}: {cli[-1]['cli_wall_s']:.2f} s")
     by_size = {size: summarise_size(size, rounds) for size in sizes}
     checks = targets(by_size, "per_op")
@@ -555,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the slower rank's median",
             "netmon": "run_probe(ProbeSpec(timing=per_op|batched)); per sample the slower rank, "
             "then the median",
+            "netmon_rank_start": args.rank_start,
         },
         "targets_timing": "per_op",
         "targets": checks,
@@ -563,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batched_against_targets": targets(by_size, "batched"),
         "sizes": [by_size[size] for size in sizes],
         "fixed_cost": {
-            "command": " ".join(cli_command(sizes)[1:]),
+            "command": " ".join(cli_command(sizes, args.rank_start)[1:]),
             "runs": cli_runs,
             **{key: stats([run[key] for run in cli]) for key in cli[0]},
             "netmon_per_op_phases_s": phases,
