@@ -392,11 +392,81 @@ def panels() -> list[Json]:
     layout.add(
         state_timeline(
             "Degraded verdicts",
-            "netmon_degraded per series: red once M of the last N results fell under R x "
-            "baseline, green again once they recover.",
+            "netmon_degraded per series: red once M of the last N judged results were low "
+            "(under R x baseline and k spreads under it), green again once they recover. "
+            "Only judged series can turn red (table 'Verdicts, series by series').",
             [target(f"netmon_degraded{{{PROBE}}}", SERIES)],
             state_mapping(("healthy", GREEN), ("degraded", RED)),
             thresholds((None, GREEN), (1, RED)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        table(
+            "Verdicts, series by series",
+            "judged: the series can turn degraded; shown only: a latency-bound size (under "
+            "baseline.latency_bound_below, 1 MiB by default) that is learned and drawn but "
+            "never paged on. low bound: a result under it is low (min of R x baseline and "
+            "baseline - k x spread); low results: of the last N judged, M degrade.",
+            [
+                target(f"netmon_judged{{{PROBE}}}", instant=True, table=True),
+                target(
+                    f"netmon_busbw_baseline_ratio{{{PROBE}}}", ref="B", instant=True, table=True
+                ),
+                target(
+                    f"netmon_busbw_low_bound_bytes_per_second{{{PROBE}}}",
+                    ref="C",
+                    instant=True,
+                    table=True,
+                ),
+                target(f"netmon_low_results{{{PROBE}}}", ref="D", instant=True, table=True),
+            ],
+            [
+                {"id": "merge", "options": {}},
+                hide_columns(
+                    rename={
+                        "Value #A": "judged",
+                        "Value #B": "ratio",
+                        "Value #C": "low bound",
+                        "Value #D": "low results",
+                    }
+                ),
+            ],
+            overrides=[
+                field(
+                    "byName",
+                    "judged",
+                    colored_cells(
+                        thresholds((None, BLUE), (1, GREEN)),
+                        "none",
+                        state_mapping(("shown only", BLUE), ("judged", GREEN)),
+                    ),
+                ),
+                field("byName", "ratio", colored_cells(RATIO_STEPS, "percentunit")),
+                field("byName", "low bound", [{"id": "unit", "value": "Bps"}]),
+            ],
+            sort_by="ratio",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Inconclusive results by reason",
+            "Results neither judged nor learned: settling (the first after a start), "
+            "disturbed (other processes held the CPU ranks' cores: netmon_foreign_cpu_ratio), "
+            "noisy (cv far over the series' usual). Many for long: netmon cannot judge here.",
+            [
+                target(
+                    "sum by (instance, probe, reason) "
+                    f"(increase(netmon_inconclusive_results_total{{{PROBE}}}[$__rate_interval]))",
+                    "{{instance}} {{probe}} {{reason}}",
+                )
+            ],
+            "none",
+            bars=True,
+            calcs=("sum",),
         ),
         w=12,
         h=8,

@@ -28,13 +28,19 @@ GOOD = 100e9
 LOW = 50e9  # ratio 0.5 < 0.8
 
 
+def plain(**fields: object) -> BaselinePolicy:
+    """The M-of-N rule alone: no settling after start, no spread margin (tests/test_signal.py
+    covers those)."""
+    return BaselinePolicy.model_validate({"settle": 0, "spread_k": 0, **fields})
+
+
 def feed(book: BaselineBook, values: Iterable[float], key: BaselineKey = KEY) -> list[Verdict]:
     return [book.observe(key, value) for value in values]
 
 
 def learned_book(policy: BaselinePolicy | None = None, value: float = GOOD) -> BaselineBook:
     """A book whose KEY has just formed its baseline at `value`."""
-    policy = policy or BaselinePolicy()
+    policy = policy or plain()
     book = BaselineBook(policy)
     feed(book, [value] * policy.min_samples)
     return book
@@ -44,7 +50,7 @@ def learned_book(policy: BaselinePolicy | None = None, value: float = GOOD) -> B
 
 
 def test_no_verdict_until_min_samples_and_every_result_is_learned() -> None:
-    book = BaselineBook(BaselinePolicy())
+    book = BaselineBook(plain())
     verdicts = feed(book, [100.0, 10.0, 100.0, 100.0])  # a low-looking value is learned too
     assert [v.baseline for v in verdicts] == [None] * 4
     assert [v.healthy_samples for v in verdicts] == [1, 2, 3, 4]
@@ -59,7 +65,7 @@ def test_no_verdict_until_min_samples_and_every_result_is_learned() -> None:
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.nan, math.inf, -math.inf])
 def test_unusable_results_are_not_learned_while_learning(bad: float) -> None:
-    book = BaselineBook(BaselinePolicy())
+    book = BaselineBook(plain())
     feed(book, [100.0, 100.0])
     verdict = book.observe(KEY, bad)
     assert verdict == Verdict(None, None, degraded=False, healthy_samples=2, low_recent=0)
@@ -150,7 +156,7 @@ def test_the_result_that_clears_a_degradation_is_learned() -> None:
 
 
 def test_baseline_is_the_median_of_the_last_k_learned_results() -> None:
-    policy = BaselinePolicy(window=4, min_samples=3, trigger=1, of=1)
+    policy = plain(window=4, min_samples=3, trigger=1, of=1)
     book = BaselineBook(policy)
     # Rising values are never low, so every one is learned; the window keeps the last four.
     feed(book, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
@@ -182,7 +188,7 @@ def test_keys_are_independent_and_verdicts_is_a_snapshot() -> None:
 
 
 def test_json_round_trip_restores_state_and_behaviour() -> None:
-    policy = BaselinePolicy()
+    policy = plain()
     book = learned_book(policy)
     feed(book, [LOW, LOW, LOW])
     feed(book, [GOOD, 90e9, 110e9], key=OTHER)
@@ -200,7 +206,7 @@ def test_json_round_trip_restores_state_and_behaviour() -> None:
 
 
 def test_to_json_is_a_versioned_document() -> None:
-    book = BaselineBook(BaselinePolicy())
+    book = BaselineBook(plain())
     book.observe(KEY, 5.0)
     assert book.to_json() == {
         "version": 1,
@@ -212,6 +218,7 @@ def test_to_json_is_a_versioned_document() -> None:
                 "path": "NV4",
                 "ranks": 2,
                 "learned": [5.0],
+                "learned_cv": [0.0],
                 "recent": [],
                 "degraded": False,
             }
@@ -220,11 +227,11 @@ def test_to_json_is_a_versioned_document() -> None:
 
 
 def test_a_smaller_policy_keeps_the_newest_values_and_flags() -> None:
-    book = BaselineBook(BaselinePolicy(window=10, min_samples=2, trigger=4, of=7))
+    book = BaselineBook(plain(window=10, min_samples=2, trigger=4, of=7))
     feed(book, [float(v) for v in range(10, 20)])
     feed(book, [1.0, 1.0, 1.0, 1.0])  # four lows: degraded
     feed(book, [100.0, 100.0])
-    smaller = BaselinePolicy(window=3, min_samples=2, trigger=2, of=3)
+    smaller = plain(window=3, min_samples=2, trigger=2, of=3)
     restored = BaselineBook.from_json(book.to_json(), smaller)
     doc = restored.to_json()["baselines"]
     assert isinstance(doc, list)
@@ -238,7 +245,7 @@ def test_a_smaller_policy_keeps_the_newest_values_and_flags() -> None:
 def test_a_larger_min_samples_sends_a_key_back_to_learning() -> None:
     book = learned_book()
     feed(book, [LOW, LOW, LOW])
-    restored = BaselineBook.from_json(book.to_json(), BaselinePolicy(window=20, min_samples=8))
+    restored = BaselineBook.from_json(book.to_json(), plain(window=20, min_samples=8))
     assert restored.verdict(KEY) == Verdict(None, None, False, 5, 0)
     verdicts = feed(restored, [LOW, LOW, LOW])  # learning again: learned, no verdict
     assert [v.baseline for v in verdicts] == [None, None, GOOD]
@@ -248,13 +255,16 @@ def test_a_larger_min_samples_sends_a_key_back_to_learning() -> None:
 def test_a_state_from_before_rank_counts_adopts_the_count_its_probe_ran_with() -> None:
     # Written before baselines were kept per rank count: no "ranks" in the entries.
     doc = {"version": 1, "baselines": [_entry(learned=[GOOD] * 5), _entry(probe="gone")]}
-    book = BaselineBook.from_json(doc, BaselinePolicy())
+    book = BaselineBook.from_json(doc, plain())
     assert set(book.verdicts()) == {
         ("link", "all_reduce", 8, "NV4", 0),
         ("gone", "all_reduce", 8, "NV4", 0),
     }
     book.adopt_ranks(lambda probe: 8 if probe == "link" else None)
-    assert book.verdict(("link", "all_reduce", 8, "NV4", 8)) == Verdict(GOOD, None, False, 5, 0)
+    # An 8-byte result is latency-bound: learned and shown, not judged (tests/test_signal.py).
+    assert book.verdict(("link", "all_reduce", 8, "NV4", 8)) == Verdict(
+        GOOD, None, False, 5, 0, judged=False
+    )
     # A probe no longer configured keeps its old key: it never matches, and nothing is guessed.
     assert ("gone", "all_reduce", 8, "NV4", 0) in book.verdicts()
     assert book.observe(("link", "all_reduce", 8, "NV4", 8), GOOD).ratio == 1.0
@@ -299,7 +309,7 @@ def _entry(**changes: object) -> dict[str, object]:
 )
 def test_malformed_documents_raise_value_error(doc: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        BaselineBook.from_json(doc, BaselinePolicy())
+        BaselineBook.from_json(doc, plain())
 
 
 # --- files
@@ -314,7 +324,7 @@ def test_save_then_load_and_no_temporary_files_are_left(tmp_path: Path) -> None:
     save(path, book)  # replaces the first
     assert [p.name for p in tmp_path.iterdir()] == ["baselines.json"]
 
-    loaded, warning = load(path, BaselinePolicy())
+    loaded, warning = load(path, plain())
     assert warning is None
     assert loaded.to_json() == book.to_json()
 
@@ -326,7 +336,7 @@ def test_save_into_a_missing_directory_raises_and_leaves_nothing(tmp_path: Path)
 
 
 def test_a_missing_file_is_a_first_start(tmp_path: Path) -> None:
-    book, warning = load(tmp_path / "baselines.json", BaselinePolicy())
+    book, warning = load(tmp_path / "baselines.json", plain())
     assert warning is None
     assert book.verdicts() == {}
 
@@ -369,7 +379,7 @@ def test_corrupt_files_are_set_aside_with_a_warning(tmp_path: Path, content: byt
     path = tmp_path / "baselines.json"
     path.write_bytes(content)
     before = int(time.time())
-    book, warning = load(path, BaselinePolicy())
+    book, warning = load(path, plain())
     after = int(time.time())
 
     assert book.verdicts() == {}
@@ -386,7 +396,7 @@ def test_corrupt_files_are_set_aside_with_a_warning(tmp_path: Path, content: byt
 def test_a_wrong_version_is_set_aside_naming_the_version(tmp_path: Path) -> None:
     path = tmp_path / "baselines.json"
     path.write_text('{"version": 7, "baselines": []}')
-    _, warning = load(path, BaselinePolicy())
+    _, warning = load(path, plain())
     assert warning is not None and "version 7" in warning
 
 
@@ -394,24 +404,24 @@ def test_two_corrupt_files_in_a_row_are_both_kept(tmp_path: Path) -> None:
     path = tmp_path / "baselines.json"
     for content in (b"first", b"second"):
         path.write_bytes(content)
-        _, warning = load(path, BaselinePolicy())
+        _, warning = load(path, plain())
         assert warning is not None
     kept = sorted(p.read_bytes() for p in tmp_path.iterdir())
     assert kept == [b"first", b"second"]
 
 
 def test_an_oversized_file_is_set_aside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("netmon.baseline.MAX_STATE_BYTES", 16)
+    monkeypatch.setattr("netmon.baseline.state.MAX_STATE_BYTES", 16)
     path = tmp_path / "baselines.json"
     path.write_text('{"version": 1, "baselines": []}')
-    _, warning = load(path, BaselinePolicy())
+    _, warning = load(path, plain())
     assert warning is not None and "larger than 16 bytes" in warning
 
 
 def test_an_unreadable_path_warns_and_leaves_it_alone(tmp_path: Path) -> None:
     path = tmp_path / "baselines.json"
     path.mkdir()  # reading a directory fails with an OSError on every platform
-    book, warning = load(path, BaselinePolicy())
+    book, warning = load(path, plain())
     assert book.verdicts() == {}
     assert warning is not None and warning.startswith("cannot read baseline state")
     assert path.is_dir()
@@ -419,8 +429,8 @@ def test_an_unreadable_path_warns_and_leaves_it_alone(tmp_path: Path) -> None:
 
 def test_a_file_from_a_smaller_policy_loads_under_a_larger_one(tmp_path: Path) -> None:
     path = tmp_path / "baselines.json"
-    save(path, learned_book(BaselinePolicy(window=5, min_samples=5)))
-    book, warning = load(path, BaselinePolicy(window=50, min_samples=5))
+    save(path, learned_book(plain(window=5, min_samples=5)))
+    book, warning = load(path, plain(window=50, min_samples=5))
     assert warning is None
     assert book.observe(KEY, GOOD).healthy_samples == 6
 
@@ -455,7 +465,7 @@ def test_policy_defaults_and_edges() -> None:
 
 
 def test_policy_is_frozen() -> None:
-    policy = BaselinePolicy()
+    policy = plain()
     with pytest.raises(ValidationError):
         policy.window = 3  # type: ignore[misc]
 
@@ -467,7 +477,7 @@ def test_policy_is_frozen() -> None:
 def policies(draw: st.DrawFn) -> BaselinePolicy:
     window = draw(st.integers(1, 8))
     of = draw(st.integers(1, 6))
-    return BaselinePolicy(
+    return plain(
         window=window,
         min_samples=draw(st.integers(1, window)),
         ratio=draw(st.sampled_from([0.5, 0.8, 0.95, 1.0])),

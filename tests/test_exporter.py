@@ -25,7 +25,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from netmon import baseline
 from netmon.bandwidth import bus_factor
 from netmon.config import NetmonConfig, ProbeConfig, parse_config
-from netmon.exposition.catalogue import FAILURE_REASONS, SERIES_LABELS, SKIP_REASONS
+from netmon.exposition.catalogue import (
+    FAILURE_REASONS,
+    PAIR_SKIP_REASONS,
+    SERIES_LABELS,
+    SKIP_REASONS,
+)
 from netmon.exposition.collector import SnapshotPage, make_registry
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.snapshot import (
@@ -82,6 +87,11 @@ LARGE = SeriesPoint(
     ratio=0.9,
     degraded=True,
     min_busbw=1e9,
+    spread=2e9,
+    low_bound=80e9,
+    judged=True,
+    low_recent=3,
+    foreign_cpu=0.02,
 )
 SNAPSHOT = Snapshot(
     series=(SMALL, LARGE),
@@ -259,6 +269,7 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
         "netmon_rank_starts",
         "netmon_rank_fork_fallbacks",
         "netmon_zygote_starts",
+        "netmon_inconclusive_results",
     }
     assert set(types) >= set(SERIES_FAMILIES)
     assert all(kind in ("counter", "gauge") for kind in types.values())
@@ -345,6 +356,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
     peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
     peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
+    inconclusive={("large", "disturbed"): 4, ("large", "settling"): 2},
 )
 
 
@@ -544,7 +556,17 @@ def test_http_on_ipv6_loopback() -> None:
 # --- Results: hand-made probe outcomes in, snapshots, baselines and state out
 
 MIN_SAMPLES = 3
-POLICY = {"window": 5, "min_samples": MIN_SAMPLES, "ratio": 0.8, "trigger": 2, "of": 3}
+# The M-of-N rule alone, on every size: no settling, no spread margin (tests/test_signal.py).
+POLICY = {
+    "window": 5,
+    "min_samples": MIN_SAMPLES,
+    "ratio": 0.8,
+    "trigger": 2,
+    "of": 3,
+    "settle": 0,
+    "spread_k": 0,
+    "latency_bound_below": 0,
+}
 
 
 def results_config(tmp_path: Path) -> NetmonConfig:
@@ -816,3 +838,23 @@ def test_results_survive_an_unwritable_state_file(tmp_path: Path) -> None:
     assert results.state_write_errors == 1
     assert results.snapshot().probes["small"].runs == 1
     assert not state.exists()
+
+
+def test_a_reload_gives_added_probes_zero_counters_and_drops_removed_ones(
+    setup: tuple[NetmonConfig, Results, Path],
+) -> None:
+    config, results, _ = setup
+    pairs = {"name": "pairs", "kind": "pairs", "sizes": ["64K"], "interval": "60s", "ranks": 3}
+    document = config.model_dump(mode="json", exclude_none=True)
+    document["probes"] = [document["probes"][0], pairs]
+    results.reconfigure(parse_config(document))
+    snapshot = results.snapshot()
+    # A pairs probe added by a reload: its skip series exist from 0, as at start.
+    assert {reason for (probe, reason) in snapshot.pair_skips if probe == "pairs"} == set(
+        PAIR_SKIP_REASONS
+    )
+    assert all(count == 0 for count in snapshot.pair_skips.values())
+    # Inconclusive results are counted for probes judged against a baseline: not pairs probes.
+    assert set(snapshot.inconclusive) == {
+        ("small", reason) for reason in baseline.INCONCLUSIVE_REASONS
+    }

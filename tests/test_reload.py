@@ -58,10 +58,24 @@ def test_a_bad_reload_keeps_the_old_configuration_and_a_good_one_applies(
     )
     assert "needs a restart" in daemon.log()
 
+    # The baseline book is sized by its policy at start: a change is refused, not ignored.
+    daemon.config_path.write_text(yaml.safe_dump({**good, "baseline": {"ratio": 0.5}}))
+    hangup(daemon)
+    wait_until(
+        lambda: daemon.value("netmon_config_reload_failures_total") == 3.0,
+        20,
+        "a baseline change to be refused",
+    )
+    assert "baseline: changing this needs a restart" in daemon.log()
+
     extra = {"name": "extra", "sizes": ["4K"], "interval": "1s", "iters": 2, "warmup": 0}
     daemon.config_path.write_text(yaml.safe_dump({**good, "probes": [*good["probes"], extra]}))
     hangup(daemon)
     wait_until(lambda: runs(daemon, "extra") >= 1, 60, "the added probe to run")
     assert daemon.value("netmon_config_last_reload_successful") == 1.0
+    # An added probe's counters start at 0 like those of a probe present at start.
+    for reason in ("settling", "disturbed", "noisy"):
+        counted = daemon.value("netmon_inconclusive_results_total", probe="extra", reason=reason)
+        assert counted is not None, reason
     assert daemon.stop() == 0
     assert daemon.tagged_processes() == []

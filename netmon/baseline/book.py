@@ -1,37 +1,45 @@
-"""Learned busbw baselines and degradation verdicts per result key, and the file that keeps them.
+"""Learned busbw baselines and degradation verdicts per result key, and their JSON document.
 
-The daemon feeds every probe result to a BaselineBook and exports its verdicts; the book is saved
-atomically so that a restart neither forgets a baseline nor silently clears a degraded link.
+The daemon feeds every probe result to a BaselineBook and exports its verdicts; netmon.baseline.
+state keeps the book in a file across restarts.
+
+A verdict knows each series' own noise (docs/SIGNAL.md): a result is low only when it is under
+`ratio` x baseline AND more than `spread_k` robust spreads under it; a result that cannot be
+trusted (just after start, other work on the CPU ranks' cores, far noisier than usual) is
+inconclusive: neither low nor learned. Latency-bound sizes are judged on their own tolerance,
+or not at all by default.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import json
 import math
-import os
 import statistics
-import tempfile
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, TypeAlias
+from dataclasses import dataclass, field, replace
+from typing import Annotated, Any, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from netmon.bandwidth import parse_size
+from netmon.baseline import robust
 from netmon.errors import describe_validation_error
 
 STATE_VERSION = 1
-# A real book is keys x window floats, a few MB at most; a file far larger is not one of ours,
-# and reading it whole could take the daemon's memory with it.
-MAX_STATE_BYTES = 64 << 20
 
 # (probe, op, size_bytes, path, ranks): a probe on the idle set keeps one baseline per rank count.
 BaselineKey: TypeAlias = tuple[str, str, int, str, int]
+
+# Why a result was neither judged nor learned (netmon_inconclusive_results_total's reasons).
+INCONCLUSIVE_REASONS = ("settling", "disturbed", "noisy")
 
 
 class BaselinePolicy(BaseModel):
@@ -45,6 +53,42 @@ class BaselinePolicy(BaseModel):
     ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)  # R: low below R x baseline
     trigger: int = Field(default=3, ge=1)  # M: low results among the last N that degrade
     of: int = Field(default=5, ge=1)  # N: how many recent results the M-of-N rule looks at
+    # k: a low result is also more than k robust spreads (1.4826 x MAD) under the baseline.
+    spread_k: float = Field(default=3.0, ge=0, allow_inf_nan=False)
+    # Sizes under this are latency-bound: a fixed ratio on their busbw reads host jitter as a
+    # fault. They are judged with latency_ratio (latency over baseline / latency_ratio is low),
+    # or, with latency_ratio unset (the default), learned and shown but never judged.
+    latency_bound_below: int = Field(default=1 << 20, ge=0)
+    latency_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    # The first results of each series after the daemon starts are neither learned nor judged:
+    # a first run pays cold caches, a new rank zygote, a first CUDA context.
+    settle: int = Field(default=2, ge=0)
+    # A result measured while other processes used this share of the machine's CPUs or more
+    # (netmon.probe.cpushare; judged on CPU ranks only) was disturbed: inconclusive.
+    max_foreign_cpu: float = Field(default=0.25, gt=0, le=1, allow_inf_nan=False)
+    # A result whose cv is over noisy_cv x the series' usual cv (and over noisy_cv_floor) is
+    # inconclusive, unless `trigger` of the last `of` were noisy: noise that lasts (a flapping
+    # link is noisy too) is the series' state, and is judged.
+    noisy_cv: float = Field(default=3.0, ge=1, allow_inf_nan=False)
+    noisy_cv_floor: float = Field(default=0.05, ge=0, allow_inf_nan=False)
+
+    @field_validator("latency_bound_below", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+    def latency_bound(self, size_bytes: int) -> bool:
+        # The measured size can be a few bytes under the configured one (whole elements per
+        # rank: a 1M all_gather on 3 ranks moves 1048572 B); 1 % keeps it on its side.
+        return size_bytes * 1.01 < self.latency_bound_below
+
+    def judges(self, size_bytes: int) -> bool:
+        return not self.latency_bound(size_bytes) or self.latency_ratio is not None
+
+    def ratio_for(self, size_bytes: int) -> float:
+        if self.latency_bound(size_bytes) and self.latency_ratio is not None:
+            return self.latency_ratio
+        return self.ratio
 
     @model_validator(mode="after")
     def _consistent(self) -> BaselinePolicy:
@@ -82,6 +126,31 @@ class Verdict:
     degraded: bool
     healthy_samples: int  # results in the baseline window, after this one
     low_recent: int  # low results among the last N
+    judged: bool = True  # False: a latency-bound size that is learned and shown, never judged
+    inconclusive: str | None = None  # why the latest result was neither judged nor learned
+    # How it was reached, for the log and the runbook (not part of the verdict's identity):
+    # the baseline window's robust spread and the busbw under which a result is low (bytes/s;
+    # None before a baseline, and the bound also for a size not judged), the last N judged
+    # results (oldest first), and whether this result turned the verdict.
+    spread: float | None = field(default=None, compare=False)
+    low_bound: float | None = field(default=None, compare=False)
+    recent: tuple[float | None, ...] = field(default=(), compare=False)
+    changed: bool = field(default=False, compare=False)
+
+    def explain(self) -> str:
+        """One line for the log and the runbook: the rule, the baseline, the spread, the values."""
+        if self.baseline is None or self.low_bound is None:
+            return "no verdict yet" if self.judged else "not judged (latency-bound size)"
+        values = " ".join("-" if v is None else _gbps(v) for v in self.recent)
+        return (
+            f"{self.low_recent} of the last {len(self.recent)} under {_gbps(self.low_bound)} GB/s "
+            f"(baseline {_gbps(self.baseline)} GB/s, spread {_gbps(self.spread or 0.0)} GB/s); "
+            f"recent GB/s: {values}"
+        )
+
+
+def _gbps(value: float) -> str:
+    return f"{value / 1e9:.4g}"
 
 
 @dataclass
@@ -91,19 +160,50 @@ class _Track:
     learned: deque[float]
     recent: deque[bool]  # True = low
     degraded: bool = False
+    learned_cv: deque[float] = field(default_factory=deque)  # the cv of each learned result
+    recent_values: deque[float | None] = field(default_factory=deque)  # beside `recent`
+    seen: int = 0  # results since this daemon started (settling)
+    noisy_recent: deque[bool] = field(default_factory=deque)  # the last N conclusive-or-noisy
 
     def baseline(self, policy: BaselinePolicy) -> float | None:
         if len(self.learned) < policy.min_samples:
             return None
         return float(statistics.median(self.learned))
 
-    def verdict(self, policy: BaselinePolicy, ratio: float | None = None) -> Verdict:
+    def spread(self) -> float:
+        return robust.spread(list(self.learned))
+
+    def usual_cv(self, policy: BaselinePolicy) -> float | None:
+        if len(self.learned_cv) < policy.min_samples:
+            return None
+        return robust.median(list(self.learned_cv))
+
+    def learn(self, busbw: float, cv: float) -> None:
+        self.learned.append(busbw)
+        self.learned_cv.append(cv)
+
+    def verdict(
+        self, policy: BaselinePolicy, size_bytes: int, ratio: float | None = None, **extra: Any
+    ) -> Verdict:
+        baseline = self.baseline(policy)
+        judged = policy.judges(size_bytes)
+        spread = self.spread() if baseline is not None else None
+        bound = (
+            robust.low_bound(baseline, spread or 0.0, policy.ratio_for(size_bytes), policy.spread_k)
+            if baseline is not None and judged
+            else None
+        )
         return Verdict(
-            baseline=self.baseline(policy),
+            baseline=baseline,
             ratio=ratio,
             degraded=self.degraded,
             healthy_samples=len(self.learned),
             low_recent=sum(self.recent),
+            spread=spread,
+            low_bound=bound,
+            judged=judged,
+            recent=tuple(self.recent_values),
+            **extra,
         )
 
 
@@ -122,47 +222,102 @@ class BaselineBook:
         self._lock = threading.Lock()
 
     def _new_track(self) -> _Track:
-        return _Track(deque(maxlen=self.policy.window), deque(maxlen=self.policy.of))
+        window, of = self.policy.window, self.policy.of
+        return _Track(
+            deque(maxlen=window),
+            deque(maxlen=of),
+            learned_cv=deque(maxlen=window),
+            recent_values=deque(maxlen=of),
+            noisy_recent=deque(maxlen=of),
+        )
 
-    def observe(self, key: BaselineKey, busbw: float) -> Verdict:
+    def observe(
+        self, key: BaselineKey, busbw: float, cv: float = 0.0, foreign_cpu: float | None = None
+    ) -> Verdict:
+        """Judge one result, then learn from it if it is healthy. `cv` is the result's own
+        dispersion, `foreign_cpu` the share of the machine's CPUs other processes used while it
+        was measured (None: not known, or not judged on this backend)."""
         with self._lock:
             track = self._tracks.get(key)
             if track is None:
                 track = self._tracks[key] = self._new_track()
-            verdict = self._step(track, float(busbw))
+            # A cv that is not a finite number says nothing about noise (and must not reach the
+            # state file, which holds finite numbers only).
+            cv = float(cv) if math.isfinite(cv) and cv >= 0 else 0.0
+            verdict = self._step(track, key[2], float(busbw), cv, foreign_cpu)
             self._verdicts[key] = verdict
             return verdict
 
-    def _step(self, track: _Track, busbw: float) -> Verdict:
+    def _inconclusive(
+        self, track: _Track, cv: float, foreign_cpu: float | None, usable: bool
+    ) -> str | None:
+        policy = self.policy
+        if track.seen <= policy.settle:
+            return "settling"
+        if not usable:  # a zero or broken figure is low, however it was measured
+            return None
+        if foreign_cpu is not None and foreign_cpu >= policy.max_foreign_cpu:
+            # Not capped like noise: other work on the cores is measured, not inferred, and
+            # judging under it is how a busy host pages. A host that stays busy shows as a
+            # steady rate of these (docs/RUNBOOK.md).
+            return "disturbed"
+        usual = track.usual_cv(policy)
+        noisy = usual is not None and cv > max(policy.noisy_cv_floor, policy.noisy_cv * usual)
+        track.noisy_recent.append(noisy)
+        # Noise that lasts is the series' state (a flapping link is noisy too): judge it.
+        return "noisy" if noisy and sum(track.noisy_recent) < policy.trigger else None
+
+    def _step(
+        self, track: _Track, size: int, busbw: float, cv: float, foreign_cpu: float | None
+    ) -> Verdict:
         policy = self.policy
         usable = _usable(busbw)
+        track.seen += 1
         judged_against = track.baseline(policy)
+        ratio = busbw / judged_against if judged_against is not None and usable else None
+        reason = self._inconclusive(track, cv, foreign_cpu, usable)
+        if reason is not None:
+            return track.verdict(policy, size, ratio, inconclusive=reason)
         if judged_against is None:
             # Learning: nothing to compare with, so no low flags and no verdict yet.
             if usable:
-                track.learned.append(busbw)
+                track.learn(busbw, cv)
             formed = track.baseline(policy)
-            return track.verdict(policy, busbw / formed if formed is not None and usable else None)
-
-        ratio = busbw / judged_against if usable else None
-        low = ratio is None or ratio < policy.ratio
-        track.recent.append(low)
-        lows = sum(track.recent)
-        if not track.degraded and lows >= policy.trigger:
-            track.degraded = True
-        elif track.degraded and len(track.recent) - lows >= policy.trigger:
-            track.degraded = False
-        # A degraded link must never become the new normal: learn only good results on a link
-        # that is healthy now (the result that clears a degradation counts as healthy).
-        if not low and not track.degraded:
-            track.learned.append(busbw)
-        return Verdict(
+            return track.verdict(policy, size, busbw / formed if formed and usable else None)
+        spread = track.spread()
+        bound = robust.low_bound(judged_against, spread, policy.ratio_for(size), policy.spread_k)
+        low = ratio is None or busbw < bound
+        was = track.degraded
+        if policy.judges(size):
+            self._count(track, low, busbw if usable else None)
+            # A degraded link must never become the new normal: learn only results at or over
+            # ratio x baseline on a link that is healthy now (the result that clears a
+            # degradation counts). A result between the low bound and that line is noise the
+            # series may have, not yet a fault, and not learned either: a moderate cut that
+            # hides in a wide spread must not pull the baseline down to itself.
+            line = policy.ratio_for(size) * judged_against
+            if not low and not track.degraded and busbw >= line:
+                track.learn(busbw, cv)
+        else:
+            track.degraded = False  # a verdict from a policy that judged this size
+            if usable:  # shown, never paged on: the plain median of its recent results
+                track.learn(busbw, cv)
+        return replace(
+            track.verdict(policy, size, ratio, changed=track.degraded != was),
             baseline=judged_against,
-            ratio=ratio,
-            degraded=track.degraded,
-            healthy_samples=len(track.learned),
-            low_recent=lows,
+            spread=spread,
+            low_bound=bound if policy.judges(size) else None,
         )
+
+    def _count(self, track: _Track, low: bool, value: float | None) -> None:
+        """The M-of-N rule, both ways."""
+        track.recent.append(low)
+        track.recent_values.append(value)
+        lows = sum(track.recent)
+        if not track.degraded and lows >= self.policy.trigger:
+            track.degraded = True
+        elif track.degraded and len(track.recent) - lows >= self.policy.trigger:
+            track.degraded = False
 
     def verdict(self, key: BaselineKey) -> Verdict | None:
         with self._lock:
@@ -193,6 +348,7 @@ class BaselineBook:
                     path=key[3],
                     ranks=key[4],
                     learned=list(track.learned),
+                    learned_cv=list(track.learned_cv),
                     recent=list(track.recent),
                     degraded=track.degraded,
                 ).model_dump(mode="json")
@@ -222,12 +378,16 @@ class BaselineBook:
             track = book._new_track()
             # The deques' maxlen keeps the newest K values and N flags under a smaller policy.
             track.learned.extend(entry.learned)
+            # Written before cvs were kept, there are none: the usual cv is learned afresh (only
+            # its median is used, so fewer cvs than values need not line up).
+            track.learned_cv.extend(entry.learned_cv)
             if track.baseline(policy) is not None:
                 track.recent.extend(entry.recent)
-                track.degraded = entry.degraded
+                track.recent_values.extend([None] * len(track.recent))  # not kept
+                track.degraded = entry.degraded and policy.judges(key[2])
             # else: a larger min_samples sends the key back to learning, with no verdict.
             book._tracks[key] = track
-            book._verdicts[key] = track.verdict(policy)
+            book._verdicts[key] = track.verdict(policy, key[2])
         return book
 
 
@@ -243,6 +403,7 @@ class _Entry(_Strict):
     # 0: written before baselines were kept per rank count (adopt_ranks says how many it was).
     ranks: int = Field(0, ge=0)
     learned: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    learned_cv: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = []
     recent: list[bool]
     degraded: bool
 
@@ -250,82 +411,3 @@ class _Entry(_Strict):
 class _Document(_Strict):
     version: int
     baselines: list[_Entry]
-
-
-def save(path: Path, book: BaselineBook) -> None:
-    """Write the book so that `path` holds either the old state or the new, never a torn file.
-
-    OSError (a full disk, a read-only directory) propagates; the caller decides how loud to be.
-    """
-    data = (json.dumps(book.to_json(), allow_nan=False, separators=(",", ":")) + "\n").encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with open(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        # Some filesystems (certain FUSE and network mounts) cannot fsync a directory; the
-        # file's own data is already synced, so this only narrows a crash window.
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
-
-
-def load(path: Path, policy: BaselinePolicy) -> tuple[BaselineBook, str | None]:
-    """The saved book, or an empty one and a one-line warning; never raises over the file.
-
-    A missing file is a first start (no warning). A file that is not a valid state document is
-    renamed to "<name>.corrupt-<unix time>" so that the next save cannot destroy the evidence.
-    """
-    try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_STATE_BYTES + 1)
-    except FileNotFoundError:
-        return BaselineBook(policy), None
-    except OSError as exc:
-        return BaselineBook(policy), (
-            f"cannot read baseline state {path} ({_one_line(exc)}); starting with no baselines"
-        )
-    try:
-        if len(raw) > MAX_STATE_BYTES:
-            raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
-        return BaselineBook.from_json(json.loads(raw), policy), None
-    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly nested JSON
-        return BaselineBook(policy), _set_aside(path, _one_line(exc))
-
-
-def _set_aside(path: Path, reason: str) -> str:
-    stamp = int(time.time())
-    aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-    serial = 1
-    while aside.exists():  # two bad files in one second: keep both
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{serial}")
-        serial += 1
-    try:
-        os.replace(path, aside)
-    except OSError as exc:
-        return (
-            f"baseline state {path} is unusable ({reason}) and could not be moved aside "
-            f"({_one_line(exc)}); starting with no baselines"
-        )
-    return f"baseline state {path} is unusable ({reason}); moved to {aside.name}, starting afresh"
-
-
-def _one_line(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -125,8 +125,22 @@ CATALOGUE: tuple[Family, ...] = (
     Family("series", "netmon_busbw_baseline_ratio", "gauge", "ratio", _SERIES,
            "Latest busbw divided by its baseline", "probes"),
     Family("series", "netmon_degraded", "gauge", "", _SERIES,
-           "1 when M of the last N results fell under R x baseline (hysteresis both ways)",
+           "1 when M of the last N judged results were low: under R x baseline and k spreads "
+           "under it (hysteresis both ways)", "probes"),
+    Family("series", "netmon_busbw_baseline_spread_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "Robust spread of the baseline window: 1.4826 x median absolute deviation",
            "probes"),
+    Family("series", "netmon_busbw_low_bound_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "A judged result under this busbw is low: min(R x baseline, baseline - k x "
+           "spread)", "probes"),
+    Family("series", "netmon_low_results", "gauge", "", _SERIES,
+           "Low results among the last N judged (the M-of-N rule degrades at M)", "probes"),
+    Family("series", "netmon_judged", "gauge", "", _SERIES,
+           "1 when the series can turn degraded; 0 for a latency-bound size that is learned and "
+           "shown only (baseline.latency_ratio unset)", "probes"),
+    Family("series", "netmon_foreign_cpu_ratio", "gauge", "ratio", _SERIES,
+           "Other processes' CPU use while the result was measured, per CPU of the machine "
+           "(0 quiet, 1 every core taken)", "probes"),
     Family("series", "netmon_busbw_threshold_bytes_per_second", "gauge", "bytes_per_second",
            _SERIES, "Configured min_busbw of the probe", "probes"),
     # paths: path variants against each other, and the transports NCCL chose
@@ -163,6 +177,9 @@ CATALOGUE: tuple[Family, ...] = (
            "Probe runs that failed, by reason"),
     Family("probes", "netmon_probe_skips", "counter", "", ("probe", "reason"),
            "Scheduled probe runs not started, by reason"),
+    Family("probes", "netmon_inconclusive_results", "counter", "", ("probe", "reason"),
+           "Results neither judged nor learned, by reason (settling after start, disturbed by "
+           "other work, noisy)"),
     Family("probes", "netmon_probe_busy_seconds", "counter", "seconds", ("probe",),
            "Device-seconds held by probes (wall time x devices or CPU ranks): the cost of probing"),
     Family("probes", "netmon_probe_last_success_timestamp_seconds", "gauge", "seconds", ("probe",),

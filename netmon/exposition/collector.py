@@ -73,6 +73,7 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
     families = [family(name, snapshot) for name in names]
     busbw, algbw, latency, spread, measured, baseline, ratio, degraded, threshold = families
+    explained = list(_verdict_families(snapshot))
     for point in snapshot.series:
         labels = point.labels()
         busbw.add_metric(labels, point.busbw)
@@ -81,16 +82,44 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
         spread.add_metric(labels, point.cv)
         measured.add_metric(labels, point.measured_at)
         degraded.add_metric(labels, 1.0 if point.degraded else 0.0)
-        if point.baseline is not None:
-            baseline.add_metric(labels, point.baseline)
-        if point.ratio is not None:
-            ratio.add_metric(labels, point.ratio)
-        if point.min_busbw is not None:
-            threshold.add_metric(labels, point.min_busbw)
+        for optional, value in (
+            (baseline, point.baseline),
+            (ratio, point.ratio),
+            (threshold, point.min_busbw),
+        ):
+            if value is not None:
+                optional.add_metric(labels, value)
     for restored in snapshot.restored:
         degraded.add_metric(restored.labels(), 1.0 if restored.degraded else 0.0)
         if restored.baseline is not None:
             baseline.add_metric(restored.labels(), restored.baseline)
+    yield from families
+    yield from explained
+
+
+def _verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """How each series' verdict was reached: its noise, its line, its count, whether it pages."""
+    names = (
+        "netmon_busbw_baseline_spread_bytes_per_second",
+        "netmon_busbw_low_bound_bytes_per_second",
+        "netmon_low_results",
+        "netmon_judged",
+        "netmon_foreign_cpu_ratio",
+    )
+    families = [family(name, snapshot) for name in names]
+    spread, bound, lows, judged, foreign = families
+    for point in snapshot.series:
+        labels = point.labels()
+        if point.judged is not None:  # a daemon's series (a textfile's has no book)
+            judged.add_metric(labels, 1.0 if point.judged else 0.0)
+            lows.add_metric(labels, float(point.low_recent))
+        for optional, value in (
+            (spread, point.spread),
+            (bound, point.low_bound),
+            (foreign, point.foreign_cpu),
+        ):
+            if value is not None:
+                optional.add_metric(labels, value)
     yield from families
 
 
@@ -177,6 +206,11 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
             if value is not None:
                 optional.add_metric([name], value)
     yield from families
+    # Only a daemon judges results (it pre-sets every probe's reasons to 0); a textfile has none.
+    inconclusive = family("netmon_inconclusive_results", snapshot)
+    for (probe, reason), count in sorted(snapshot.inconclusive.items()):
+        inconclusive.add_metric([probe, reason], float(count))
+    yield inconclusive
 
 
 def link_health_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -12,7 +12,7 @@ from netmon.gpu.linkhealth import LinkHealth
 
 if TYPE_CHECKING:
     from netmon.baseline import Verdict
-    from netmon.probe.spec import ProbeOutcome
+    from netmon.probe.spec import ProbeOutcome, SizeResult
 
 SeriesKey: TypeAlias = tuple[str, str, int, str, int]  # (probe, op, size_bytes, path, ranks)
 
@@ -35,6 +35,14 @@ class SeriesPoint:
     ratio: float | None = None
     degraded: bool = False
     min_busbw: float | None = None
+    # How the verdict was reached (netmon.baseline.Verdict): the baseline window's robust
+    # spread, the busbw under which a result is low, whether the size is judged at all, low
+    # results among the last N, and other processes' CPU share while it was measured.
+    spread: float | None = None
+    low_bound: float | None = None
+    judged: bool | None = None  # None: no baseline book (netmon probe --textfile)
+    low_recent: int = 0
+    foreign_cpu: float | None = None
 
     @property
     def key(self) -> SeriesKey:
@@ -151,6 +159,8 @@ class Snapshot:
     rank_starts: Mapping[str, int] = field(default_factory=dict)
     fork_fallbacks: Mapping[str, int] = field(default_factory=dict)
     zygote_starts: int = 0
+    # Results neither judged nor learned, by (probe, reason) (netmon.baseline.INCONCLUSIVE_REASONS).
+    inconclusive: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 def series_points(
@@ -160,7 +170,7 @@ def series_points(
     *,
     path: str | None = None,
     min_busbw: float | None = None,
-    judge: Callable[[SeriesKey, float], Verdict] | None = None,
+    judge: Callable[[SeriesKey, SizeResult], Verdict] | None = None,
 ) -> tuple[SeriesPoint, ...]:
     """The exported series of one probe outcome, one point per size it measured.
 
@@ -172,7 +182,7 @@ def series_points(
     points = []
     for result in outcome.results:
         key = (probe, result.op, result.size_bytes, where, outcome.spec.ranks)
-        verdict = judge(key, result.busbw_bytes_per_second) if judge is not None else None
+        verdict = judge(key, result) if judge is not None else None
         points.append(
             SeriesPoint(
                 probe=probe,
@@ -189,6 +199,11 @@ def series_points(
                 ratio=verdict.ratio if verdict is not None else None,
                 degraded=verdict.degraded if verdict is not None else False,
                 min_busbw=min_busbw,
+                spread=verdict.spread if verdict is not None else None,
+                low_bound=verdict.low_bound if verdict is not None else None,
+                judged=verdict.judged if verdict is not None else None,
+                low_recent=verdict.low_recent if verdict is not None else 0,
+                foreign_cpu=result.foreign_cpu_share,
             )
         )
     return tuple(points)

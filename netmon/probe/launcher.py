@@ -28,7 +28,7 @@ from typing import Any
 
 import netmon
 from netmon import bandwidth
-from netmon.probe import nccl_debug
+from netmon.probe import cpushare, nccl_debug
 from netmon.probe.debugenv import debug_env
 from netmon.probe.forking import ForkedRank, Zygote
 from netmon.probe.processes import (
@@ -310,8 +310,9 @@ class Launcher:
         samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
         reps = spec.batch if spec.timing == "batched" else 1
         self._collective_s += sum(samples) * reps
+        cpu = cpushare.rows_of(event.get("cpu"))
         result = SizeResult.of_samples(
-            spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok")
+            spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok"), cpu
         )
         self._results.append(result)
         if result.check_ok is False:

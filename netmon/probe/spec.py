@@ -20,6 +20,7 @@ from netmon.bandwidth import (
     rank_medians,
     spread,
 )
+from netmon.probe.cpushare import foreign_share
 
 Backend = Literal["nccl", "gloo"]
 # batched: `batch` back-to-back ops then one sync (nccl-tests' default);
@@ -178,6 +179,9 @@ class SizeResult(_Frozen):
     path: str = "default"
     # Each rank's own median time, in rank order: one rank far above the rest is the slow one.
     rank_medians_s: tuple[float, ...] = ()
+    # Other processes' CPU per second per CPU while this size was measured, on the worst
+    # machine (netmon.probe.cpushare): 0 quiet, 1 every core taken. None where /proc cannot say.
+    foreign_cpu_share: float | None = None
 
     @classmethod
     def of_samples(
@@ -188,6 +192,7 @@ class SizeResult(_Frozen):
         samples: Sequence[float],
         per_rank: Sequence[Sequence[float]],
         check_ok: bool | None,
+        cpu: Sequence[Sequence[float]] = (),
     ) -> SizeResult:
         """One size's result from its samples (per op, already combined over the ranks by the
         spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them."""
@@ -211,6 +216,7 @@ class SizeResult(_Frozen):
             check_ok=check_ok,
             path=spec.path,
             rank_medians_s=rank_medians(per_rank),
+            foreign_cpu_share=foreign_share(cpu),
         )
 
 

@@ -23,6 +23,7 @@ from typing import IO, Any
 
 from netmon.bandwidth import Buffers, buffers_for
 from netmon.listen import listen_on
+from netmon.probe import cpushare
 from netmon.probe.spec import Phase, ProbeSpec
 
 HEARTBEAT_S = 0.5
@@ -163,7 +164,7 @@ class Rank:
             collective.run(spec.chunks)
         self._synchronize(torch, dist, device)
         self.enter("measure", size=size)
-        samples = self._measure(torch, dist, device, collective)
+        samples, cpu = self._measure(torch, dist, device, collective)
         check_ok: bool | None = None
         if spec.check:
             self.enter("check", size=size)
@@ -175,6 +176,7 @@ class Rank:
                 size_bytes=buffers.size_bytes * spec.chunks,
                 count=buffers.count * spec.chunks,
                 samples=samples,
+                cpu=cpu,
                 check_ok=check_ok,
             )
 
@@ -188,22 +190,30 @@ class Rank:
 
     def _measure(
         self, torch: Any, dist: Any, device: Any, collective: Collective
-    ) -> list[list[float]]:
+    ) -> tuple[list[list[float]], list[list[float]]]:
+        """Every rank's sample times, and each rank's CPU reading over its measured loop
+        (netmon.probe.cpushare; empty where /proc cannot say)."""
         spec = self.spec
         times = []
+        before = cpushare.read()
         for _ in range(spec.iters):
             self._synchronize(torch, dist, device)
             if device.type == "cuda":
                 times.append(self._time_cuda(torch, device, collective))
             else:
                 times.append(self._time_host(collective))
-        # Every rank's times, gathered outside the timed region; the launcher combines them per
-        # sample (spec.rank_stat) and keeps each rank's median, which names a slow rank.
-        mine = torch.tensor(times, dtype=torch.float64, device=device)
-        everyone = torch.zeros(len(times) * self.world, dtype=torch.float64, device=device)
+        after = cpushare.read()
+        cpu = after.since(before) if before and after else [-1.0] * cpushare.READING_FIELDS
+        # Every rank's times and reading, gathered outside the timed region; the launcher
+        # combines the times per sample (spec.rank_stat) and keeps each rank's median.
+        row = [*times, *cpu]
+        mine = torch.tensor(row, dtype=torch.float64, device=device)
+        everyone = torch.zeros(len(row) * self.world, dtype=torch.float64, device=device)
         dist.all_gather_into_tensor(everyone, mine)
         flat = [float(v) for v in everyone.cpu().tolist()]
-        return [flat[r * len(times) : (r + 1) * len(times)] for r in range(self.world)]
+        rows = [flat[r * len(row) : (r + 1) * len(row)] for r in range(self.world)]
+        cut = len(times)
+        return [r[:cut] for r in rows], [r[cut:] for r in rows if r[cut + 2] >= 0]
 
     def _time_host(self, collective: Collective) -> float:
         reps = self.spec.batch if self.spec.timing == "batched" else 1

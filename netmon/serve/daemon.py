@@ -61,6 +61,9 @@ RESTART_FIELDS = (
     "rank_python",
     "rank_start",
     "topology_file",
+    # The baseline book is built with its policy at start (its windows are sized by it); a
+    # reload that changed it used to be accepted and ignored.
+    "baseline",
 )
 FIRST_RUN_DELAY_S = 1.0
 TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)

@@ -36,7 +36,7 @@ from netmon.exposition.snapshot import (
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe import crossnode, nccl_debug
 from netmon.probe.pairs import PairOutcome, PairSkip, verdict_at_largest
-from netmon.probe.spec import ProbeOutcome
+from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict, Pair
 from netmon.serve.current import CurrentConfig
 
@@ -100,6 +100,8 @@ class Results:
         self._rank_starts = dict.fromkeys(RANK_START_METHODS, 0)
         self._fork_fallbacks = dict.fromkeys(FORK_FALLBACK_REASONS, 0)
         self._zygote_starts = 0
+        # Pre-set to 0 for every probe that judges results, so that increase() sees the first.
+        self._inconclusive = _judging_counters(config, {})
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self._group_rejected: dict[str, int] = {}
@@ -156,6 +158,13 @@ class Results:
             self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
             self._pair_latest = {k: v for k, v in self._pair_latest.items() if k in names}
+            # A probe a reload added counts from 0 like one present at start; a removed one goes.
+            self._inconclusive = _judging_counters(config, self._inconclusive)
+            self._pair_skips = {k: v for k, v in self._pair_skips.items() if k[0] in names}
+            for p in config.probes or ():
+                if p.kind == "pairs":
+                    for reason in PAIR_SKIP_REASONS:
+                        self._pair_skips.setdefault((p.name, reason), 0)
             self._snapshot = self._build_snapshot()
 
     def reloaded(self, ok: bool) -> None:
@@ -314,9 +323,22 @@ class Results:
     ) -> list[baseline.Verdict]:
         verdicts: list[baseline.Verdict] = []
 
-        def judge(key: baseline.BaselineKey, busbw: float) -> baseline.Verdict:
-            verdicts.append(self._book.observe(key, busbw))
-            return verdicts[-1]
+        # Other work on the cores disturbs CPU ranks; a GPU's collective does not wait for the
+        # host's cores the same way, and a job on its GPU preempts the probe (never judged).
+        on_cpu = outcome.spec.backend == "gloo"
+
+        def judge(key: baseline.BaselineKey, result: SizeResult) -> baseline.Verdict:
+            foreign = result.foreign_cpu_share if on_cpu else None
+            verdict = self._book.observe(key, result.busbw_bytes_per_second, result.cv, foreign)
+            counted = (probe.name, verdict.inconclusive or "")
+            # Only judged series: a size that is never judged loses nothing. Only probes still
+            # configured: a run that ends after a reload removed its probe is not re-created.
+            if verdict.judged and counted in self._inconclusive:
+                self._inconclusive[counted] += 1
+            if verdict.changed:
+                _log_change(key, verdict)
+            verdicts.append(verdict)
+            return verdict
 
         for point in series_points(
             outcome, probe.name, now, path=path, min_busbw=probe.min_busbw, judge=judge
@@ -393,7 +415,30 @@ class Results:
             rank_starts=dict(self._rank_starts),
             fork_fallbacks=dict(self._fork_fallbacks),
             zygote_starts=self._zygote_starts,
+            inconclusive=dict(self._inconclusive),
         )
+
+
+def _judging_counters(
+    config: NetmonConfig, counts: dict[tuple[str, str], int]
+) -> dict[tuple[str, str], int]:
+    """Inconclusive counts of every probe whose results are judged against a baseline (pair
+    probes judge pairs against each other), the ones already counted kept."""
+    return {
+        (p.name, reason): counts.get((p.name, reason), 0)
+        for p in config.probes or ()
+        if p.kind != "pairs"
+        for reason in baseline.INCONCLUSIVE_REASONS
+    }
+
+
+def _log_change(key: baseline.BaselineKey, verdict: baseline.Verdict) -> None:
+    probe, op, size, path, ranks = key
+    series = f"{probe} {op} {size} B path {path} ranks {ranks}"
+    if verdict.degraded:
+        log.warning("degraded: %s: %s", series, verdict.explain())
+    else:
+        log.info("cleared: %s: %s", series, verdict.explain())
 
 
 def _known_transport_faults(config: NetmonConfig) -> Iterator[tuple[str, str, str]]:

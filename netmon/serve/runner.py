@@ -43,6 +43,7 @@ from netmon.topology.plan import idle_set, plan_rounds, uniform
 log = logging.getLogger(__name__)
 
 STATE_FILE = "baselines.json"
+NO_PAIR_TOPOLOGY = "pair probes need the topology of every configured GPU (NVML or topology_file)"
 
 
 class ProbeRunner:
@@ -175,8 +176,7 @@ class ProbeRunner:
         while it runs; the pairs of busy GPUs are skipped, counted by reason."""
         topo = self._pair_topology(spec)
         if topo is None:
-            detail = "pair probes need the topology of every configured GPU (NVML or topology_file)"
-            return self._skip(probe, "gpu_unknown", detail)
+            return self._skip(probe, "gpu_unknown", NO_PAIR_TOPOLOGY)
         survey = self.readiness.survey(spec.devices)
         if survey.blocked is not None:
             return self._skip(probe, survey.blocked.reason, survey.blocked.detail)
@@ -217,8 +217,7 @@ class ProbeRunner:
         skipped: list[PairSkip],
     ) -> None:
         if topo is None:
-            detail = "pair probes need the topology of every configured GPU (NVML or topology_file)"
-            return self._skip(probe, "gpu_unknown", detail)
+            return self._skip(probe, "gpu_unknown", NO_PAIR_TOPOLOGY)
         rounds = plan_rounds(topo)
         paths = {pair: str(path) for pair, path in topo.pairs().items()}
         on_gpus = spec.backend == "nccl"
