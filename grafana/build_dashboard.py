@@ -274,6 +274,19 @@ SUSPECT_STEPS = thresholds((None, GREEN), (1, RED))
 SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}} x{{ranks}}"
 
 
+def reasons_bars(title: str, description: str, counter: str, only_positive: bool = True) -> Json:
+    """A counter by reason, as bars of its increase per interval."""
+    expr = f"sum by (instance, probe, reason) (increase({counter}{{{PROBE}}}[$__rate_interval]))"
+    return timeseries(
+        title,
+        description,
+        [target(expr + (" > 0" if only_positive else ""), "{{instance}} {{probe}} {{reason}}")],
+        "none",
+        bars=True,
+        calcs=("sum",),
+    )
+
+
 def panels() -> list[Json]:
     layout = Layout()
 
@@ -452,21 +465,13 @@ def panels() -> list[Json]:
         h=8,
     )
     layout.add(
-        timeseries(
+        reasons_bars(
             "Inconclusive results by reason",
             "Results neither judged nor learned: settling (the first after a start), "
             "disturbed (other processes held the CPU ranks' cores: netmon_foreign_cpu_ratio), "
             "noisy (cv far over the series' usual). Many for long: netmon cannot judge here.",
-            [
-                target(
-                    "sum by (instance, probe, reason) "
-                    f"(increase(netmon_inconclusive_results_total{{{PROBE}}}[$__rate_interval]))",
-                    "{{instance}} {{probe}} {{reason}}",
-                )
-            ],
-            "none",
-            bars=True,
-            calcs=("sum",),
+            "netmon_inconclusive_results_total",
+            only_positive=False,
         ),
         w=12,
         h=8,
@@ -884,37 +889,19 @@ def panels() -> list[Json]:
         h=8,
     )
     layout.add(
-        timeseries(
+        reasons_bars(
             "Failures by reason",
             "Failed runs per interval by reason (docs/METRICS.md lists them).",
-            [
-                target(
-                    "sum by (instance, probe, reason) "
-                    f"(increase(netmon_probe_failures_total{{{PROBE}}}[$__rate_interval])) > 0",
-                    "{{instance}} {{probe}} {{reason}}",
-                )
-            ],
-            "none",
-            bars=True,
-            calcs=("sum",),
+            "netmon_probe_failures_total",
         ),
         w=12,
         h=8,
     )
     layout.add(
-        timeseries(
+        reasons_bars(
             "Skips by reason",
             "Runs that were due but not started: paused, GPUs busy, previous run still going.",
-            [
-                target(
-                    "sum by (instance, probe, reason) "
-                    f"(increase(netmon_probe_skips_total{{{PROBE}}}[$__rate_interval])) > 0",
-                    "{{instance}} {{probe}} {{reason}}",
-                )
-            ],
-            "none",
-            bars=True,
-            calcs=("sum",),
+            "netmon_probe_skips_total",
         ),
         w=12,
         h=8,

@@ -484,7 +484,12 @@ def test_the_gpu_sequence_with_probes_replayed(
     assert done.error is None
     assert [s.op for s in ran[: len(OPS)]] == list(OPS)
     assert all(s.cuda_devices == devices and s.check for s in ran)
-    assert [s.path for s in ran[len(OPS) :]] == ["pcie", "ring", "tree"]
+    paths = ran[len(OPS) : len(OPS) + 3]
+    assert [s.path for s in paths] == ["pcie", "ring", "tree"]
+    # Verdict noise: the all_reduce run again, 4 more times, on the same GPUs.
+    again = ran[len(OPS) + 3 :]
+    assert len(again) == checks.NOISE_RUNS - 1
+    assert all(s == ran[0] for s in again), "not the op all_reduce run's own spec"
     assert dict(ran[len(OPS)].env)["NCCL_P2P_DISABLE"] == "1"
     assert rows["path nvls"].status == "SKIP"
     assert rows["path nvls"].detail.startswith("nvls needs NVSwitch multicast")
@@ -502,6 +507,11 @@ def test_the_gpu_sequence_with_probes_replayed(
     assert rows["rank zygote"].status == "PASS", rows["rank zygote"]
     assert rows["rank zygote"].measured == (
         "56 of 56 ranks forked; start-up max 0.04 s, init max 2.50 s"
+    )
+    # The replayed runs are identical: no spread, so the line is the plain 80 %.
+    assert rows["verdict noise"].status == "PASS", rows["verdict noise"]
+    assert rows["verdict noise"].measured == (
+        "32M: spread 0.0%, low under 80%, 64M: spread 0.0%, low under 80%"
     )
     assert checks.exit_code(done.rows) == 0
 
@@ -617,3 +627,26 @@ def test_zygote_row_fails_on_a_cuda_context_in_the_zygote_or_spawned_ranks() -> 
     fell = zygote_row([forked, spawned], 4242, None)
     assert fell.status == "FAIL" and fell.detail == "spawned instead: wrapper"
     assert fell.measured == "2 of 4 ranks forked"
+
+
+def test_verdict_noise_says_how_deep_a_fall_counts_on_this_node() -> None:
+    spec = spec_of(sizes=("1K", "64M"))
+    policy = NetmonConfig().baseline
+
+    def runs(*rates: float) -> list[ProbeOutcome]:
+        return [outcome_of(spec, {1 << 10: 1e6, 64 << 20: rate}) for rate in rates]
+
+    # A few percent run to run (a GPU node): the plain ratio, 80 %, is the line.
+    quiet = checks.noise_row(runs(100e9, 101e9, 99e9, 100.5e9, 99.5e9), policy)
+    assert quiet.status == "PASS", quiet
+    assert quiet.measured == "64M: spread 0.7%, low under 80%"  # 1K is latency-bound: not judged
+    # 20 % run to run: a 30 % loss would hide in the noise.
+    noisy = checks.noise_row(runs(100e9, 80e9, 120e9, 100e9, 70e9), policy)
+    assert noisy.status == "FAIL" and "only a fall under" in noisy.detail
+    assert noisy.figures["sizes"][str(64 << 20)]["low_bound_share"] < checks.NOISE_GOAL
+    # Too few runs, or no judged size: nothing to say.
+    assert checks.noise_row(runs(100e9, 100e9), policy).status == "SKIP"
+    small = [outcome_of(spec_of(sizes=("1K",)))] * 5
+    assert checks.noise_row(small, policy).detail == (
+        "no size at or over baseline.latency_bound_below"
+    )

@@ -82,13 +82,9 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
         spread.add_metric(labels, point.cv)
         measured.add_metric(labels, point.measured_at)
         degraded.add_metric(labels, 1.0 if point.degraded else 0.0)
-        for optional, value in (
-            (baseline, point.baseline),
-            (ratio, point.ratio),
-            (threshold, point.min_busbw),
-        ):
-            if value is not None:
-                optional.add_metric(labels, value)
+        _add_known(
+            labels, ((baseline, point.baseline), (ratio, point.ratio), (threshold, point.min_busbw))
+        )
     for restored in snapshot.restored:
         degraded.add_metric(restored.labels(), 1.0 if restored.degraded else 0.0)
         if restored.baseline is not None:
@@ -113,14 +109,17 @@ def _verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
         if point.judged is not None:  # a daemon's series (a textfile's has no book)
             judged.add_metric(labels, 1.0 if point.judged else 0.0)
             lows.add_metric(labels, float(point.low_recent))
-        for optional, value in (
-            (spread, point.spread),
-            (bound, point.low_bound),
-            (foreign, point.foreign_cpu),
-        ):
-            if value is not None:
-                optional.add_metric(labels, value)
+        _add_known(
+            labels, ((spread, point.spread), (bound, point.low_bound), (foreign, point.foreign_cpu))
+        )
     yield from families
+
+
+def _add_known(labels: list[str], values: Iterable[tuple[MetricFamily, float | None]]) -> None:
+    """A sample in each family whose value is known; an unknown value is no sample, not 0."""
+    for family_, value in values:
+        if value is not None:
+            family_.add_metric(labels, value)
 
 
 def path_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -197,14 +196,15 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
             skips.add_metric([name, reason], stats.skips.get(reason, 0))
         busy.add_metric([name], stats.busy_seconds)
         interval.add_metric([name], stats.interval_s)
-        for optional, value in (
-            (last_success, stats.last_success),
-            (last_run, stats.last_run),
-            (duration, stats.duration_s),
-            (memory, stats.peak_device_memory),
-        ):
-            if value is not None:
-                optional.add_metric([name], value)
+        _add_known(
+            [name],
+            (
+                (last_success, stats.last_success),
+                (last_run, stats.last_run),
+                (duration, stats.duration_s),
+                (memory, stats.peak_device_memory),
+            ),
+        )
     yield from families
     # Only a daemon judges results (it pre-sets every probe's reasons to 0); a textfile has none.
     inconclusive = family("netmon_inconclusive_results", snapshot)

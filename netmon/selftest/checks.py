@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from netmon.bandwidth import buffer_budget, format_size
+from netmon.baseline import BaselinePolicy, robust
 from netmon.gpu.idle import GpuReading
 from netmon.gpu.linkhealth import LinkHealth, nvlink_sums
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
@@ -23,6 +24,7 @@ CHECKS: tuple[str, ...] = (
     "pinning",
     "zygote",
     "telemetry",
+    "noise",
 )
 
 # Device memory: a rank's peak (torch.cuda.max_memory_allocated) may exceed its buffers by 5 %,
@@ -36,6 +38,9 @@ DEVICE_SLACK_BYTES = 3 << 20
 # Host memory on gloo: a rank's peak resident memory may exceed torch's own footprint (a rank
 # that ran an 8 B all_reduce) by 1.15 x its buffers (bench/rank_memory.py measures the same).
 HOST_FACTOR = 1.15
+# Verdict noise: the same all_reduce run this many times; a loss of 30 % must count as low.
+NOISE_RUNS = 5
+NOISE_GOAL = 0.7
 
 
 @dataclass(frozen=True)
@@ -318,3 +323,42 @@ def zygote_row(
 def exit_code(rows: Sequence[Row]) -> int:
     """0 when nothing failed, 1 when any row FAILed (the selftest's health gate)."""
     return 1 if any(row.status == "FAIL" for row in rows) else 0
+
+
+def noise_row(runs: Sequence[ProbeOutcome], policy: BaselinePolicy) -> Row:
+    """How far a result must fall on this node before a verdict counts it low (docs/SIGNAL.md):
+    the run-to-run spread of each judged size over repeated runs, and the low bound it gives
+    with the configured policy, as a share of the median."""
+    name = "verdict noise"
+    goal = f"a result at {NOISE_GOAL:.0%} of the baseline is low at every judged size"
+    by_size: dict[int, list[float]] = {}
+    for run in runs:
+        for result in run.results if run.ok else ():
+            by_size.setdefault(result.size_bytes, []).append(result.busbw_bytes_per_second)
+    judged = {s: v for s, v in sorted(by_size.items()) if not policy.latency_bound(s)}
+    if not judged or min(len(v) for v in judged.values()) < 3:
+        why = "no size at or over baseline.latency_bound_below" if not judged else "under 3 runs"
+        return Row("noise", name, "SKIP", goal=goal, detail=why)
+    lines = {}
+    for size, values in judged.items():
+        centre, spread = robust.median(values), robust.spread(values)
+        bound = robust.low_bound(centre, spread, policy.ratio, policy.spread_k)
+        lines[size] = (spread / centre, bound / centre)
+    worst = min(lines, key=lambda s: lines[s][1])
+    measured = ", ".join(
+        f"{format_size(s)}: spread {v[0]:.1%}, low under {v[1]:.0%}" for s, v in lines.items()
+    )
+    figures = {
+        "runs": len(runs),
+        "sizes": {
+            str(s): {"spread_share": v[0], "low_bound_share": v[1]} for s, v in lines.items()
+        },
+    }
+    if lines[worst][1] < NOISE_GOAL:
+        detail = (
+            f"at {format_size(worst)} runs vary so much that only a fall under "
+            f"{lines[worst][1]:.0%} of the baseline counts as low: more iters, a larger size, "
+            "or a quieter node make the verdict sharper"
+        )
+        return Row("noise", name, "FAIL", measured, goal, detail, figures)
+    return Row("noise", name, "PASS", measured, goal, figures=figures)

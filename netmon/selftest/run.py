@@ -215,6 +215,15 @@ class _Selftest:
         after = _compute_processes() if self.plan.backend == "nccl" else None
         self.add(checks.zygote_row(list(self.ops.values()), self.zygote.pid, after))
 
+    def run_noise(self) -> None:
+        if self.plan.backend != "nccl":
+            reason = "judged on GPUs: CPU ranks over loopback say nothing of a GPU node's noise"
+            self.add(skipped("noise", "verdict noise", reason))
+            return
+        spec = self.plan.spec(op="all_reduce")
+        runs = [self.all_reduce(), *(self.probe(spec) for _ in range(checks.NOISE_RUNS - 1))]
+        self.add(checks.noise_row(runs, self.plan.node.baseline))
+
     def run_telemetry(self) -> None:
         if self.plan.backend != "nccl":
             self.add(skipped("telemetry", "link telemetry", "needs NVML: a GPU node"))
@@ -278,6 +287,7 @@ def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
         "pinning": test.run_pinning,
         "zygote": test.run_zygote,
         "telemetry": test.run_telemetry,
+        "noise": test.run_noise,
     }
     error = None
     try:
