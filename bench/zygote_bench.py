@@ -8,6 +8,12 @@ log lines, which `netmon_probe_duration_seconds` exports). The two ways alternat
 (zygote, spawn, spawn, zygote, ...), each phase a fresh daemon whose window starts after its
 first run (so the zygote's one torch import is reported apart, not spread over the window).
 
+A third way, `floor`, is what no way of starting ranks can go under: the same collectives as one
+run of that probe (per size its warm-up ops, a barrier, 20 samples of a barrier and 5 timed ops,
+and the gather of the samples), every second, in two rank processes that import torch once and
+keep their process group for the whole window. Its CPU per run is the collectives' own cost;
+each way's `overhead_cpu_s_per_run` is its figure minus the floor's.
+
     python bench/zygote_bench.py [--phases 4] [--window 40]
 
 One JSON document goes to stdout; progress goes to stderr.
@@ -20,6 +26,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,11 +36,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_bench import _PROBE_OK, Daemon, log, parse_samples
+from probe_vs_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
 
 from netmon.probe.processes import descendants_of
 
 TICKS = os.sysconf("SC_CLK_TCK")
 TARGET_CPU_S, TARGET_WALL_S = 0.5, 1.0  # per small run, on this 2-core machine (issue 14)
+SIZES = (8, 1024)  # the probe's, as in config() below
+INTERVAL_S = 1.0
+METHODS = ("zygote", "spawn", "floor")
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -114,15 +125,102 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
     return result
 
 
+# ---- the floor: the probe's collectives alone, in two long-lived processes ----
+
+
+def floor_rank(rank: int, port: int) -> None:
+    """One rank of the floor: one run's collectives every INTERVAL_S until killed; rank 0 prints
+    a line after each run."""
+    import datetime
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore")  # as the worker: all_gather_into_tensor's deprecation
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        HOST, port, 2, is_master=rank == 0, timeout=timeout
+    )
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
+    tensors = [torch.zeros(max(1, size // FLOAT32_BYTES)) for size in SIZES]
+    done = 0
+    while True:
+        start = time.monotonic()
+        for tensor in tensors:
+            for _ in range(WARMUP):
+                dist.all_reduce(tensor)
+            dist.barrier()
+            times = []
+            for _ in range(BATCHED_ITERS):
+                dist.barrier()
+                began = time.perf_counter()
+                for _ in range(BATCH):
+                    dist.all_reduce(tensor)
+                times.append(time.perf_counter() - began)
+            mine = torch.tensor(times, dtype=torch.float64)
+            everyone = torch.zeros(2 * len(times), dtype=torch.float64)
+            dist.all_gather_into_tensor(everyone, mine)
+        done += 1
+        if rank == 0:
+            print(json.dumps({"runs": done}), flush=True)
+        time.sleep(max(0.0, start + INTERVAL_S - time.monotonic()))
+
+
+def floor_phase(window_s: float) -> dict[str, Any]:
+    port = _free_port()  # a race with another process is possible; the rank would then fail
+    with tempfile.TemporaryFile() as out:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, f"--floor-rank={rank}", f"--port={port}"],
+                stdout=out if rank == 0 else subprocess.DEVNULL,
+                env=_plain_env(),
+                start_new_session=True,
+            )
+            for rank in range(2)
+        ]
+
+        def floor_runs() -> int:
+            out.seek(0)
+            lines = out.read().decode().splitlines(keepends=True)
+            complete = [line for line in lines if line.endswith("\n")]
+            return int(json.loads(complete[-1])["runs"]) if complete else 0
+
+        try:
+            deadline = time.monotonic() + 120
+            while floor_runs() < 1:
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError("the floor's ranks did not finish a run within 120 s")
+                time.sleep(0.2)
+            cpu0, runs0 = sum(tree_cpu_s(p.pid) for p in procs), floor_runs()
+            time.sleep(window_s)
+            cpu1, runs1 = sum(tree_cpu_s(p.pid) for p in procs), floor_runs()
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    counted = runs1 - runs0
+    result = {
+        "method": "floor",
+        "window_s": window_s,
+        "runs": counted,
+        "cpu_s": round(cpu1 - cpu0, 3),
+        "cpu_s_per_run": round((cpu1 - cpu0) / counted, 4) if counted else None,
+    }
+    log(f"floor: {result}")
+    return result
+
+
 def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     by: dict[str, dict[str, float]] = {}
-    for method in ("zygote", "spawn"):
+    for method in METHODS:
         mine = [p for p in phases if p["method"] == method and p["cpu_s_per_run"] is not None]
-        by[method] = {
-            "cpu_s_per_run_median": statistics.median(p["cpu_s_per_run"] for p in mine),
-            "wall_s_median": statistics.median(p["wall_s_median"] for p in mine),
-        }
-    zygote, spawn = by["zygote"], by["spawn"]
+        by[method] = {"cpu_s_per_run_median": statistics.median(p["cpu_s_per_run"] for p in mine)}
+        if method != "floor":
+            by[method]["wall_s_median"] = statistics.median(p["wall_s_median"] for p in mine)
+    zygote, spawn, floor = by["zygote"], by["spawn"], by["floor"]["cpu_s_per_run_median"]
+    for method in ("zygote", "spawn"):
+        by[method]["overhead_cpu_s_per_run"] = round(by[method]["cpu_s_per_run_median"] - floor, 4)
     return {
         **by,
         "ratio_spawn_over_zygote": {
@@ -130,7 +228,11 @@ def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
                 spawn["cpu_s_per_run_median"] / zygote["cpu_s_per_run_median"], 2
             ),
             "wall_s": round(spawn["wall_s_median"] / zygote["wall_s_median"], 2),
+            "overhead_cpu_s_per_run": round(
+                spawn["overhead_cpu_s_per_run"] / zygote["overhead_cpu_s_per_run"], 1
+            ),
         },
+        "floor_share_of_zygote_cpu": round(floor / zygote["cpu_s_per_run_median"], 3),
         "targets": {"cpu_s_per_run": TARGET_CPU_S, "wall_s": TARGET_WALL_S},
         "zygote_within_targets": zygote["cpu_s_per_run_median"] <= TARGET_CPU_S
         and zygote["wall_s_median"] <= TARGET_WALL_S,
@@ -141,11 +243,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", type=int, default=4, help="phases per method (default 4)")
     parser.add_argument("--window", type=float, default=40.0, help="seconds per phase window")
+    parser.add_argument("--floor-rank", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    order = []
+    if args.floor_rank is not None:
+        floor_rank(args.floor_rank, args.port)
+        return 0
+    order: list[str] = []
     for i in range(args.phases):
-        order += ["zygote", "spawn"] if i % 2 == 0 else ["spawn", "zygote"]
-    phases = [phase(method, args.window) for method in order]
+        # Each way takes each place in the order in turn.
+        order += [METHODS[(i + j) % len(METHODS)] for j in range(len(METHODS))]
+    phases = [
+        floor_phase(args.window) if method == "floor" else phase(method, args.window)
+        for method in order
+    ]
     document = {
         "benchmark": "zygote_bench",
         "date": time.strftime("%Y-%m-%d"),

@@ -1,5 +1,6 @@
 """bench/zygote_bench.py runs end to end on a short window, and its figures make sense: both
-ways measured, forked ranks cheaper than spawned ones, nothing left behind."""
+ways and the floor measured, forked ranks cheaper than spawned ones, the collectives alone cheaper
+than spawned ranks, nothing left behind."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def test_the_zygote_bench_measures_both_ways() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     document = json.loads(done.stdout)
     phases = {p["method"]: p for p in document["phases"]}
-    assert set(phases) == {"zygote", "spawn"}
+    assert set(phases) == {"zygote", "spawn", "floor"}
+    floor = phases.pop("floor")
+    assert floor["runs"] >= 1 and floor["cpu_s_per_run"] > 0
     for phase in phases.values():
         assert phase["runs"] >= 1 and phase["exit_code"] == 0
         assert phase["leftover_processes"] == []
@@ -30,3 +33,4 @@ def test_the_zygote_bench_measures_both_ways() -> None:
     # Not the targets (a 6 s window on a busy CI host), only the direction: a fork is cheaper.
     ratio = document["summary"]["ratio_spawn_over_zygote"]
     assert ratio["cpu_s_per_run"] > 1.5, document["summary"]
+    assert floor["cpu_s_per_run"] < phases["spawn"]["cpu_s_per_run"], document["summary"]
