@@ -17,14 +17,9 @@ from pathlib import Path
 import netmon
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exposition.catalogue import (
-    FORK_FALLBACK_REASONS,
-    PAIR_SKIP_REASONS,
-    RANK_START_METHODS,
-)
+from netmon.exposition.catalogue import FORK_FALLBACK_REASONS, RANK_START_METHODS
 from netmon.exposition.snapshot import (
     GroupView,
-    LinkPoint,
     PeerPoint,
     PeerVerdict,
     ProbeStats,
@@ -35,10 +30,11 @@ from netmon.exposition.snapshot import (
 )
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.probe import crossnode, nccl_debug
-from netmon.probe.pairs import PairOutcome, PairSkip, verdict_at_largest
+from netmon.probe.pairs import PairOutcome, PairSkip
 from netmon.probe.spec import ProbeOutcome, SizeResult
-from netmon.probe.verdict import LinkVerdict, Pair
+from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
+from netmon.serve.pair_record import PairRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +68,7 @@ class Results:
         self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
         self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
         self._started_at = time.time()
-        self._links: dict[str, tuple[LinkPoint, ...]] = {}
-        # Each pair's latest successful measurement and when, per pairs probe: a sweep measures
-        # the pairs that are idle then, and the others keep their last result and its age.
-        self._pair_latest: dict[str, dict[Pair, tuple[PairOutcome, float]]] = {}
-        self._pair_skips: dict[tuple[str, str], int] = {
-            (p.name, reason): 0
-            for p in config.probes or ()
-            if p.kind == "pairs"
-            for reason in PAIR_SKIP_REASONS
-        }
-        self._suspect_gpus: dict[str, tuple[int, ...]] = {}
-        self._pair_members: dict[str, tuple[int, ...]] = {}
+        self._pairs = PairRecord(config)
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
         # Known mismatch reasons start at 0 on GPU nodes, so increase() sees the first one.
         self._transport_faults: dict[tuple[str, str, str], int] = dict.fromkeys(
@@ -157,14 +142,9 @@ class Results:
             names = {p.name for p in config.probes or ()}
             self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
-            self._pair_latest = {k: v for k, v in self._pair_latest.items() if k in names}
             # A probe a reload added counts from 0 like one present at start; a removed one goes.
             self._inconclusive = _judging_counters(config, self._inconclusive)
-            self._pair_skips = {k: v for k, v in self._pair_skips.items() if k[0] in names}
-            for p in config.probes or ():
-                if p.kind == "pairs":
-                    for reason in PAIR_SKIP_REASONS:
-                        self._pair_skips.setdefault((p.name, reason), 0)
+            self._pairs.reconfigure(config)
             self._snapshot = self._build_snapshot()
 
     def reloaded(self, ok: bool) -> None:
@@ -283,38 +263,24 @@ class Results:
     def pairs_skipped(self, probe: str, skipped: Sequence[PairSkip]) -> None:
         """Pairs a sweep did not measure, counted by reason."""
         with self._lock:
-            for item in skipped:
-                key = (probe, item.reason)
-                self._pair_skips[key] = self._pair_skips.get(key, 0) + 1
+            self._pairs.skipped(probe, skipped)
             self._snapshot = self._build_snapshot()
 
     def finished_pairs(
         self, probe: ProbeConfig, results: Sequence[PairOutcome], duration_s: float
     ) -> LinkVerdict:
         """One sweep of pair probes: each launched pair is accounted, and the pairs are judged
-        on each one's latest measurement. A pair that failed this time has no point until it
-        succeeds again; a pair not run keeps its last result and its age."""
+        on each one's latest measurement (netmon.serve.pair_record)."""
         with self._lock:
             now = time.time()
-            latest = self._pair_latest.setdefault(probe.name, {})
             for item in results:
                 self._account(probe.name, item.outcome, now)
                 self._note_transports(probe.name, item.path, item.outcome)
-                if item.outcome.ok:
-                    latest[item.pair] = (item, now)
-                else:
-                    latest.pop(item.pair, None)
             tally = self._tally(probe.name)
             tally.duration_s = duration_s
             if results and all(item.outcome.ok for item in results):
                 tally.last_success = now
-            kept = [item for item, _ in latest.values()]
-            verdict = verdict_at_largest(kept, probe.suspect_ratio)
-            self._links[probe.name] = _link_points(probe.name, latest, verdict)
-            self._suspect_gpus[probe.name] = verdict.suspect_members
-            self._pair_members[probe.name] = tuple(
-                sorted({m for item in [*results, *kept] for m in item.pair})
-            )
+            verdict = self._pairs.sweep(probe, results, now)
             self._snapshot = self._build_snapshot()
         return verdict
 
@@ -391,9 +357,9 @@ class Results:
             probes=probes,
             build=dict(self._build),
             started_at=self._started_at,
-            links=tuple(point for name in sorted(self._links) for point in self._links[name]),
-            suspect_gpus=dict(self._suspect_gpus),
-            pair_members=dict(self._pair_members),
+            links=self._pairs.links,
+            suspect_gpus=dict(self._pairs.suspect_gpus),
+            pair_members=dict(self._pairs.members),
             topology=self._topology,
             transports=tuple(
                 (probe, path, transport)
@@ -401,7 +367,7 @@ class Results:
                 for transport in found
             ),
             transport_faults=dict(self._transport_faults),
-            pair_skips=dict(self._pair_skips),
+            pair_skips=dict(self._pairs.skips),
             link_health=self._link_health,
             link_load=self._link_load,
             link_interval_s=config.link_telemetry.interval if config.backend == "nccl" else 0.0,
@@ -463,31 +429,6 @@ def _torch_version() -> str:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return ""
-
-
-def _link_points(
-    probe: str, latest: dict[Pair, tuple[PairOutcome, float]], verdict: LinkVerdict
-) -> tuple[LinkPoint, ...]:
-    points = []
-    suspect = set(verdict.suspect_pairs)
-    for pair, (item, measured_at) in sorted(latest.items()):
-        judged = verdict.pairs.get(pair)
-        for result in item.outcome.results:
-            points.append(
-                LinkPoint(
-                    probe=probe,
-                    size_bytes=result.size_bytes,
-                    gpu=pair[0],
-                    peer_gpu=pair[1],
-                    path=item.path,
-                    busbw=result.busbw_bytes_per_second,
-                    ratio=judged.ratio if judged else None,
-                    low=bool(judged and judged.low),
-                    suspect=pair in suspect,
-                    measured_at=measured_at,
-                )
-            )
-    return tuple(points)
 
 
 def _all_ranks(config: NetmonConfig, name: str) -> int | None:
