@@ -10,10 +10,12 @@ median: a verdict whose interval straddles the tolerance is reported as inconclu
 fixed cost is a whole `netmon probe` CLI run, timed from outside, minus its time inside timed
 collectives.
 
-    python bench/probe_vs_loop.py [--rounds N] [--quick] [--rank-start zygote|spawn]
+    python bench/probe_vs_loop.py [--rounds N] [--quick] [--rank-start zygote|spawn|both]
 
 netmon's ranks are forked by its rank zygote by default, as in the daemon; `--rank-start spawn`
-starts each as a fresh interpreter (and so does the plain loop, always).
+starts each as a fresh interpreter (and so does the plain loop, always). `--rank-start both` adds
+a fourth side to every round, netmon's per-op probe with spawned ranks, and compares the two ways
+of starting ranks directly (`fork_vs_spawn`: forked busbw / spawned busbw, per size).
 
 One JSON document goes to stdout; progress goes to stderr.
 """
@@ -204,7 +206,10 @@ def plain_times(run: dict[str, Any], size: int, key: str = "per_op_s") -> tuple[
     return slower_median, statistics.median(per_sample_max)
 
 
-def run_netmon(sizes: Sequence[int], iters: int, timing: str) -> dict[str, Any]:
+def run_netmon(
+    sizes: Sequence[int], iters: int, timing: str, spawned: bool = False
+) -> dict[str, Any]:
+    """One netmon probe; its ranks forked by ZYGOTE when there is one, unless `spawned`."""
     from netmon.probe.launcher import run_probe
     from netmon.probe.spec import ProbeSpec
 
@@ -230,10 +235,11 @@ def run_netmon(sizes: Sequence[int], iters: int, timing: str) -> dict[str, Any]:
         if kind == "phase":
             entered.setdefault(str(event["phase"]), []).append(time.monotonic() - start)
 
-    outcome = run_probe(spec, on_event=on_event, zygote=ZYGOTE)
+    zygote = None if spawned else ZYGOTE
+    outcome = run_probe(spec, on_event=on_event, zygote=zygote)
     if outcome.failure is not None:
         raise RuntimeError(f"netmon probe ({timing}) failed: {outcome.failure.describe()}")
-    if ZYGOTE is not None and outcome.ranks_forked != RANKS:
+    if zygote is not None and outcome.ranks_forked != RANKS:
         raise RuntimeError(f"netmon probe ({timing}): ranks not forked ({outcome.fork_fallback})")
     env = outcome.environment
     # The slower rank's entry into each phase; phases repeat per size, so take the first entry.
@@ -365,12 +371,16 @@ def ratio_stats(numerators: Sequence[float], denominators: Sequence[float]) -> S
     return {**stats(ratios), "ci_low": low, "ci_high": high, "ci_coverage": coverage}
 
 
-def one_round(number: int, sizes: Sequence[int], iters: int, batched_iters: int) -> dict[str, Any]:
+def one_round(
+    number: int, sizes: Sequence[int], iters: int, batched_iters: int, both: bool = False
+) -> dict[str, Any]:
     sides: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("plain", lambda: run_plain(sizes, iters, batched_iters)),
         ("netmon_per_op", lambda: run_netmon(sizes, iters, "per_op")),
         ("netmon_batched", lambda: run_netmon(sizes, batched_iters, "batched")),
     ]
+    if both:
+        sides.append(("netmon_spawned", lambda: run_netmon(sizes, iters, "per_op", spawned=True)))
     # Alternate who goes first, so a drift of the machine does not favour one side.
     if number % 2:
         sides.reverse()
@@ -399,6 +409,8 @@ def one_round(number: int, sizes: Sequence[int], iters: int, batched_iters: int)
             "netmon_batched_s": batched["time_s"][key],
             "netmon_batched_busbw": batched["busbw"][key],
         }
+        if both:
+            result["sizes"][key]["netmon_spawned_busbw"] = runs["netmon_spawned"]["busbw"][key]
     result["plain_wall_s"] = plain["wall_s"]
     result["plain_outside_timed_s"] = plain["wall_s"] - plain["timed_s"]
     result["netmon_per_op_wall_s"] = per_op["wall_s"]
@@ -490,10 +502,29 @@ def targets(by_size: dict[int, dict[str, Any]], timing: str) -> list[dict[str, A
     return checks
 
 
+def fork_vs_spawn(sizes: Sequence[int], rounds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per size, netmon's per-op busbw with forked ranks over the same with spawned ranks, both
+    in every round: 1 within the interval means starting ranks by fork changes nothing measured."""
+    compared = []
+    for size in sizes:
+        rows = [r["sizes"][str(size)] for r in rounds]
+        ratio = ratio_stats(
+            [row["netmon_per_op_busbw"] for row in rows],
+            [row["netmon_spawned_busbw"] for row in rows],
+        )
+        compared.append({"size_bytes": size, "forked_over_spawned_busbw": ratio})
+        log(
+            f"{size} B: forked / spawned busbw, median {ratio['median']:.3f} "
+            f"[{ratio['min']:.3f}, {ratio['max']:.3f}], interval for the median "
+            f"[{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}]"
+        )
+    return compared
+
+
 @contextlib.contextmanager
 def rank_zygote(rank_start: str) -> Any:
     global ZYGOTE
-    if rank_start != "zygote":
+    if rank_start == "spawn":
         yield
         return
     from netmon.probe.forking import Zygote
@@ -528,9 +559,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--rank-start",
-        choices=("zygote", "spawn"),
+        choices=("zygote", "spawn", "both"),
         default="zygote",
-        help="netmon's ranks forked by its rank zygote (default, as in the daemon) or spawned",
+        help="netmon's ranks forked by its rank zygote (default, as in the daemon), spawned, or "
+        "both (a fourth side per round: spawned ranks, compared with forked ones)",
     )
     # Internal: run as one rank of the plain loop.
     parser.add_argument("--plain-rank", type=int, help=argparse.SUPPRESS)
@@ -560,11 +592,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli_runs = args.cli_runs or (1 if args.quick else 3)
     started = time.monotonic()
     load_before = os.getloadavg()
+    both = args.rank_start == "both"
+    cli_start = "zygote" if both else args.rank_start
     with rank_zygote(args.rank_start):
-        rounds = [one_round(n, sizes, iters, args.batched_iters) for n in range(rounds_n)]
+        rounds = [one_round(n, sizes, iters, args.batched_iters, both) for n in range(rounds_n)]
     cli = []
     for number in range(cli_runs):
-        cli.append(run_cli(sizes, args.rank_start))
+        cli.append(run_cli(sizes, cli_start))
         log(f"cli run {number + 1}: {cli[-1]['cli_wall_s']:.2f} s")
     by_size = {size: summarise_size(size, rounds) for size in sizes}
     checks = targets(by_size, "per_op")
@@ -613,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "batched_against_targets": targets(by_size, "batched"),
         "sizes": [by_size[size] for size in sizes],
         "fixed_cost": {
-            "command": " ".join(cli_command(sizes, args.rank_start)[1:]),
+            "command": " ".join(cli_command(sizes, cli_start)[1:]),
             "runs": cli_runs,
             **{key: stats([run[key] for run in cli]) for key in cli[0]},
             "netmon_per_op_phases_s": phases,
@@ -624,6 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rounds": rounds,
         "elapsed_s": time.monotonic() - started,
     }
+    if both:
+        document["fork_vs_spawn"] = fork_vs_spawn(sizes, rounds)
     print(json.dumps(document, indent=2))
     for check in checks:
         verdict = "met" if check["met"] else "NOT met"

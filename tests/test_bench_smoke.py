@@ -58,3 +58,35 @@ def test_quick_single_round_prints_a_complete_document() -> None:
     # The whole CLI run is the time inside collectives plus the fixed cost.
     assert fixed["cli_wall_s"]["median"] > fixed["collective_s"]["median"]
     assert positive(fixed["netmon_per_op_phases_s"]["start_and_import"])
+
+
+def test_both_ways_of_starting_ranks_are_compared_in_each_round() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--quick",
+            "--rounds=1",
+            "--iters=5",
+            "--batched-iters=4",
+            "--sizes=8,65536",
+            "--rank-start=both",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(done.stdout)
+    (round_,) = doc["rounds"]
+    assert sorted(round_["order"]) == sorted(
+        ["plain", "netmon_per_op", "netmon_batched", "netmon_spawned"]
+    )
+    compared = doc["fork_vs_spawn"]
+    assert [entry["size_bytes"] for entry in compared] == [8, 65536]
+    for entry, size in zip(compared, ("8", "65536"), strict=True):
+        ratio = entry["forked_over_spawned_busbw"]["median"]
+        row = round_["sizes"][size]
+        assert ratio == row["netmon_per_op_busbw"] / row["netmon_spawned_busbw"] > 0
+    # The CLI's fixed cost is taken as the daemon starts ranks: forked.
+    assert "--rank-start=zygote" in doc["fixed_cost"]["command"]
