@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +199,38 @@ def test_sigterm_kills_an_in_flight_probe_and_exits_0(
     log = daemon.log()
     assert log.index("reason=shutdown") < log.index("netmon stopped")
     assert "Traceback" not in log
+
+
+def test_sigterm_while_the_rank_zygote_starts_does_not_wait_for_its_import(
+    daemons: list[DaemonProcess], tmp_path: Path
+) -> None:
+    """A zygote whose torch import never ends (a slow disk, at worst): SIGTERM still stops the
+    daemon within seconds, the probe waiting for the zygote ends cancelled, nothing is left."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase "$2" in netmon.probe.zygote) exec sleep 300;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    probe = {"name": "small", "sizes": [8], "interval": "1h", "iters": 5, "warmup": 1}
+    daemon = start(daemons, tmp_path, probes=[probe], rank_python=str(python))
+
+    def zygote_starting() -> bool:
+        return any(
+            Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
+            for pid in daemon.tagged_processes()
+            if Path(f"/proc/{pid}/cmdline").exists()
+        )
+
+    wait_until(zygote_starting, 60, "the rank zygote's start under way")
+    began = time.monotonic()
+    assert daemon.stop(timeout=30) == 0
+    # Before, the stop waited out the daemon's grace (8 s) and then the whole import.
+    assert time.monotonic() - began < 5.0
+    assert daemon.tagged_processes() == []
+    log = daemon.log()
+    assert "reason=shutdown" in log and "Traceback" not in log
+    assert "rank zygote unavailable" not in log  # a stop is not a zygote that failed
 
 
 def test_a_failing_probe_is_counted_by_reason_and_the_daemon_keeps_serving(

@@ -137,6 +137,43 @@ def test_a_zygote_that_cannot_start_leaves_the_ranks_spawned(tmp_path: Path) -> 
         broken.close()
 
 
+@pytest.mark.parametrize("how", ["close", "cancel"])
+def test_stopping_a_zygote_while_it_starts_does_not_wait_for_its_import(
+    tmp_path: Path, how: str
+) -> None:
+    """A daemon told to stop while its zygote still imports torch (on a slow disk that can take
+    minutes) stops at once: the start is cut short, by close() or by the daemon's stop event,
+    and the zygote being started is killed."""
+    python = tmp_path / "python"
+    python.write_text(
+        f'#!/bin/sh\ncase "$2" in netmon.probe.zygote) exec sleep 60;; esac\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    stop = threading.Event()
+    slow = Zygote(str(python), base_env(), cancel=stop)
+    opened: list[Any] = []
+    starter = threading.Thread(target=lambda: opened.append(slow.session()))
+    starter.start()
+    wait_until(lambda: slow.pid is not None, 10, "the zygote's start under way")
+    starting = slow.pid
+    assert starting is not None
+    began = time.monotonic()
+    if how == "close":
+        slow.close()
+    else:
+        stop.set()
+    starter.join(10)
+    took = time.monotonic() - began
+    try:
+        assert not starter.is_alive() and opened == [None]
+        assert took < 3.0, f"the start went on for {took:.1f} s after the stop"
+        assert process_state(starting) is None  # killed and reaped, not left to its sleep
+        assert slow.starts == 0 and slow.session() is None  # and none started after it
+    finally:
+        slow.close()
+
+
 def test_a_zygote_refuses_to_fork_once_cuda_is_initialised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

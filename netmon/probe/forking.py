@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 FALLBACK_REASONS = ("wrapper", "environment", "python", "unavailable", "refused")
 START_METHODS = ("fork", "spawn")
 START_TIMEOUT_S = 120.0
+# How often a start waiting for the zygote's "ready" looks whether close() was called meanwhile.
+READY_POLL_S = 0.2
 RETRY_AFTER_S = 60.0
 CLOSE_GRACE_S = 5.0
 # The zygote answers a fork at once and a reap as soon as the killed rank ends: no answer in this
@@ -187,8 +189,11 @@ class Zygote:
         python: str,
         env: Mapping[str, str],
         on_start: Callable[[], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
-        """`env` is what the zygote starts with: a rank's environment less its own settings."""
+        """`env` is what the zygote starts with: a rank's environment less its own settings.
+        Once `cancel` is set (the daemon stopping), a start under way is cut short and no
+        session is opened."""
         self.python = python
         self.env = {**env, "CUDA_VISIBLE_DEVICES": ""}  # belt and braces: no GPU to initialise
         self.on_start = on_start
@@ -198,6 +203,7 @@ class Zygote:
         self._control: socket.socket | None = None
         self._failed_at: float | None = None
         self._closed = False
+        self._cancel = cancel or threading.Event()
         self.reply_timeout_s = REPLY_TIMEOUT_S
 
     @property
@@ -207,7 +213,7 @@ class Zygote:
     def session(self) -> Session | None:
         """A new session, starting the zygote if needed; None when there is none to be had."""
         with self._lock:
-            if self._closed:
+            if self._abandoned():
                 return None
             for _attempt in range(2):  # a zygote found dead is started again, once
                 if not self._running() and not self._start():
@@ -225,10 +231,15 @@ class Zygote:
             return None
 
     def close(self) -> None:
-        """Ends the zygote (closing its channel ends it, and every rank it still has)."""
+        """Ends the zygote (closing its channel ends it, and every rank it still has). A start
+        under way is cut short within READY_POLL_S, not waited for: a daemon told to stop while
+        its zygote imports torch stops at once, not when the import is done."""
+        self._closed = True  # read by a start under way, which holds the lock
         with self._lock:
-            self._closed = True
             self._stop()
+
+    def _abandoned(self) -> bool:
+        return self._closed or self._cancel.is_set()
 
     def _kill(self) -> None:
         """A stopped or wedged zygote: SIGKILL ends it (its ranks end as their parent goes), and
@@ -264,6 +275,10 @@ class Zygote:
             theirs.close()
         self._control = mine
         ready = self._await_ready()
+        if ready is None and self._abandoned():
+            self._kill()
+            self._stop()
+            return False
         if ready is None:
             return self._failed("it did not report ready")
         self._failed_at = None
@@ -275,9 +290,16 @@ class Zygote:
 
     def _await_ready(self) -> dict[str, Any] | None:
         assert self._control is not None
-        self._control.settimeout(START_TIMEOUT_S)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        self._control.settimeout(READY_POLL_S)
         try:
-            data = self._control.recv(MESSAGE_BYTES)
+            while True:
+                try:
+                    data = self._control.recv(MESSAGE_BYTES)
+                    break
+                except TimeoutError:
+                    if self._abandoned() or time.monotonic() > deadline:
+                        return None
         except OSError:
             return None
         finally:

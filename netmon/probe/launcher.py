@@ -179,6 +179,11 @@ class Launcher:
     def _spawn_all(self, workdir: Path) -> ProbeFailure | None:
         spec_json = self.spec.model_dump(mode="json")
         for rank in self.local_ranks:
+            # A probe cancelled while its ranks start (a rank zygote's start can take seconds)
+            # starts no more of them.
+            cancelled = self._abort_requested()
+            if cancelled is not None:
+                return cancelled
             stderr_path = workdir / f"rank{rank}.stderr"
             env = self._rank_env(rank)
             try:

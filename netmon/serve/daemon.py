@@ -187,7 +187,7 @@ class Daemon:
         )
         self.runner = ProbeRunner(self.current, self.results, self.readiness)
         self.runner.topology = self.topology
-        self.zygote = _zygote(config, self.results)
+        self.zygote = _zygote(config, self.results, self.stopping)
         self.runner.zygote = self.zygote
         if self.topology is not None:
             self.results.set_topology(
@@ -380,11 +380,17 @@ class Daemon:
         return 0
 
 
-def _zygote(config: NetmonConfig, results: Results) -> Zygote | None:
-    """The rank zygote, started at the first probe; none with `rank_start: spawn`."""
+def _zygote(config: NetmonConfig, results: Results, stopping: threading.Event) -> Zygote | None:
+    """The rank zygote, started at the first probe; none with `rank_start: spawn`. A stop cuts
+    its start short: a daemon stopped while torch imports does not wait for the import."""
     if config.rank_start != "zygote":
         return None
-    return Zygote(config.rank_python or sys.executable, base_env(), on_start=results.zygote_started)
+    return Zygote(
+        config.rank_python or sys.executable,
+        base_env(),
+        on_start=results.zygote_started,
+        cancel=stopping,
+    )
 
 
 def _url_host(host: str) -> str:
