@@ -7,7 +7,8 @@
    served by netmon's MetricsServer in its own process, under a keep-alive loopback load at
    concurrency 1, 4 and 16; and the bare generate_latest in-process, for comparison. The same
    node in the exporter's own pair model (LinkPoints, NVML link health) is rendered in-process.
-3. duty_cycle: each embedded CPU default probe run as the daemon would run it; wall time / interval.
+3. duty_cycle: each embedded CPU default probe run as the daemon would run it (its ranks forked
+   by a rank zygote started beforehand, as the daemon's is by its first probe); wall / interval.
 
     python bench/daemon_bench.py [--quick]
 
@@ -55,8 +56,10 @@ from netmon.exposition.http import MetricsServer
 from netmon.exposition.snapshot import LinkPoint, ProbeStats, SeriesPoint, Snapshot
 from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
 from netmon.probe.build import build_spec
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import run_probe
 from netmon.probe.processes import descendants_of
+from netmon.probe.starting import base_env
 
 HOST = "127.0.0.1"
 COMPRESSION = 60  # an hour of scheduled rounds in a minute
@@ -751,6 +754,22 @@ def _schedule(config: NetmonConfig) -> list[dict[str, Any]]:
     ]
 
 
+@contextlib.contextmanager
+def _started_zygote(config: NetmonConfig) -> Iterator[Zygote | None]:
+    """The daemon's rank zygote, its one torch import paid before any run is timed."""
+    if config.rank_start != "zygote":
+        yield None
+        return
+    zygote = Zygote(sys.executable, base_env())
+    try:
+        warm = zygote.session()
+        if warm is not None:
+            warm.close()
+        yield zygote
+    finally:
+        zygote.close()
+
+
 def measure_duty_cycle(repeats: int) -> dict[str, Any]:
     config = resolve(load_config(None, environ={}), gpus=0)
     probes = config.probes or ()
@@ -758,18 +777,24 @@ def measure_duty_cycle(repeats: int) -> dict[str, Any]:
     collective: dict[str, list[float]] = {p.name: [] for p in probes}
     failures: list[str] = []
     ranks: dict[str, int] = {}
-    for repeat in range(repeats):
-        for probe in probes:  # interleaved, so a drift of the machine spreads over both
-            spec = build_spec(probe, config)
-            ranks[probe.name] = max(len(spec.devices), spec.ranks)
-            cap = min(spec.timeout, PROBE_CAP_S)
-            spec = spec.model_copy(update={"timeout": cap, "deadlines": spec.deadlines.capped(cap)})
-            outcome = run_probe(spec)
-            if outcome.failure is not None:
-                failures.append(f"{probe.name}: {outcome.failure.describe()}")
-            walls[probe.name].append(outcome.wall_s)
-            collective[probe.name].append(outcome.collective_s)
-            log(f"duty: {probe.name} run {repeat + 1}: {outcome.wall_s:.2f} s")
+    forked = spawned = 0
+    with _started_zygote(config) as zygote:
+        for repeat in range(repeats):
+            for probe in probes:  # interleaved, so a drift of the machine spreads over both
+                spec = build_spec(probe, config)
+                ranks[probe.name] = max(len(spec.devices), spec.ranks)
+                cap = min(spec.timeout, PROBE_CAP_S)
+                spec = spec.model_copy(
+                    update={"timeout": cap, "deadlines": spec.deadlines.capped(cap)}
+                )
+                outcome = run_probe(spec, zygote=zygote)
+                if outcome.failure is not None:
+                    failures.append(f"{probe.name}: {outcome.failure.describe()}")
+                walls[probe.name].append(outcome.wall_s)
+                collective[probe.name].append(outcome.collective_s)
+                forked += outcome.ranks_forked
+                spawned += outcome.ranks_spawned
+                log(f"duty: {probe.name} run {repeat + 1}: {outcome.wall_s:.2f} s")
     per_probe: dict[str, dict[str, Any]] = {}
     duty = wall_per_hour = device_per_hour = 0.0
     for probe in probes:
@@ -794,6 +819,8 @@ def measure_duty_cycle(repeats: int) -> dict[str, Any]:
     return {
         "config": "netmon.config.resolve(load_config(None, environ={}), gpus=0)",
         "backend": config.backend,
+        "rank_start": config.rank_start,
+        "ranks_started": {"fork": forked, "spawn": spawned},
         "repeats": repeats,
         "probes": per_probe,
         "failures": failures,

@@ -89,6 +89,9 @@ def test_metrics_latency(document: dict[str, Any]) -> None:
 def test_duty_cycle(document: dict[str, Any]) -> None:
     duty = document["duty_cycle"]
     assert duty["failures"] == []
+    # As the daemon runs them: every rank forked by a rank zygote started beforehand.
+    assert duty["rank_start"] == "zygote"
+    assert duty["ranks_started"]["spawn"] == 0 and duty["ranks_started"]["fork"] >= 4
     assert set(duty["probes"]) == {"small", "large"}
     for probe in duty["probes"].values():
         assert probe["wall_s_median"] > 0 and probe["interval_s"] > 0
