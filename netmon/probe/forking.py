@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 FALLBACK_REASONS = ("wrapper", "environment", "python", "unavailable", "refused")
 START_METHODS = ("fork", "spawn")
 START_TIMEOUT_S = 120.0
-# How often a start waiting for the zygote's "ready" looks whether close() was called meanwhile.
+# How often a start waiting for the zygote's "ready" looks whether it was called off meanwhile
+# (close(), or the daemon's stop event).
 READY_POLL_S = 0.2
 RETRY_AFTER_S = 60.0
 CLOSE_GRACE_S = 5.0

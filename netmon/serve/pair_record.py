@@ -31,10 +31,14 @@ class PairRecord:
         return tuple(point for name in sorted(self._links) for point in self._links[name])
 
     def reconfigure(self, config: NetmonConfig) -> None:
-        """Removed probes' pairs go; every pairs probe's skip reasons count from 0, so that
-        increase() sees the first skip of a probe a reload added as of one present at start."""
+        """Everything of a probe a reload removed goes (its pairs, links, suspects and skips);
+        every pairs probe's skip reasons count from 0, so that increase() sees the first skip of
+        a probe a reload added as of one present at start."""
         names = {p.name for p in config.probes or ()}
         self._latest = {k: v for k, v in self._latest.items() if k in names}
+        self._links = {k: v for k, v in self._links.items() if k in names}
+        self.suspect_gpus = {k: v for k, v in self.suspect_gpus.items() if k in names}
+        self.members = {k: v for k, v in self.members.items() if k in names}
         self.skips = {k: v for k, v in self.skips.items() if k[0] in names}
         for probe in config.probes or ():
             if probe.kind == "pairs":
