@@ -215,12 +215,14 @@ def test_sigterm_while_the_rank_zygote_starts_does_not_wait_for_its_import(
     probe = {"name": "small", "sizes": [8], "interval": "1h", "iters": 5, "warmup": 1}
     daemon = start(daemons, tmp_path, probes=[probe], rank_python=str(python))
 
+    def command_of(pid: int) -> bytes:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return b""  # ended since it was listed
+
     def zygote_starting() -> bool:
-        return any(
-            Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")
-            for pid in daemon.tagged_processes()
-            if Path(f"/proc/{pid}/cmdline").exists()
-        )
+        return any(command_of(pid).startswith(b"sleep") for pid in daemon.tagged_processes())
 
     wait_until(zygote_starting, 60, "the rank zygote's start under way")
     began = time.monotonic()
