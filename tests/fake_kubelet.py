@@ -1,17 +1,24 @@
-"""A kubelet pod-resources API for tests: an independent protobuf encoder and a real gRPC server.
+"""A kubelet for tests: its pod-resources API (an independent protobuf encoder and a real gRPC
+server) and its HTTPS pod list (GET /pods, a real TLS server with a bearer token).
 
 The message classes are built at test time by google.protobuf from descriptors written here after
 kubernetes' staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto, so what the tests
 encode owes nothing to netmon.gpu.podresources' decoder. The server is grpcio's, on a unix socket.
+The pod list is JSON written here in the shape of a v1 PodList, as the kubelet's /pods gives it.
 """
 
 from __future__ import annotations
 
+import json
+import ssl
+import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +199,168 @@ def fake_kubelet(socket: Path, answer: bytes = b"") -> Iterator[FakeKubelet]:
 def serialize(message: Any) -> bytes:
     data: bytes = message.SerializeToString()
     return data
+
+
+# --- the kubelet's HTTPS API: GET /pods
+
+TOKEN = "eyJhbGciOiJSUzI1NiIsImtpZCI6Im5ldG1vbi10ZXN0In0.eyJzdWIiOiJuZXRtb24ifQ.c2lnbmF0dXJl"
+NODE_NAME = "gpu-a1"
+
+
+def _pod(namespace: str, name: str, phase: str | None, gpus: list[str]) -> dict[str, Any]:
+    """One item as the kubelet lists it: what netmon reads, amid what it does not."""
+    status: dict[str, Any] = {
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "hostIP": "10.0.0.5",
+        "podIP": "192.168.7.12",
+        "qosClass": "BestEffort",
+        "startTime": "2026-11-23T08:00:00Z",
+    }
+    if phase is not None:
+        status["phase"] = phase
+    if phase in ("Succeeded", "Failed"):
+        status["containerStatuses"] = [
+            {
+                "name": "main",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 0 if phase == "Succeeded" else 1}},
+            }
+        ]
+    limits = {"nvidia.com/gpu": str(len(gpus))} if gpus else {}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{name}")),
+            "resourceVersion": "48213",
+            "creationTimestamp": "2026-11-23T08:00:00Z",
+            "labels": {"app": name.rsplit("-", 1)[0]},
+        },
+        "spec": {
+            "nodeName": NODE_NAME,
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                 "resources": {"limits": limits}},
+            ],
+        },
+        "status": status,
+    }  # fmt: skip
+
+
+def pod_list(pods: Sequence[tuple[str, str, str | None]], gpus: int = 1) -> bytes:
+    """A v1 PodList as the kubelet's GET /pods writes it: [(namespace, name, phase or None)]."""
+    items = [_pod(namespace, name, phase, ["x"] * gpus) for namespace, name, phase in pods]
+    document = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+    return json.dumps(document).encode()
+
+
+def self_signed(folder: Path, name: str = "kubelet") -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1, as a kubelet's own self-signed serving certificate is."""
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "2", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert),
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+class FakeKubeletPods:
+    """The kubelet's GET /pods on 127.0.0.1: HTTPS with `cert` (plain HTTP without), the bearer
+    `token` required over HTTPS, as a kubelet with webhook authentication does.
+
+    `status` answers with that HTTP status instead; `stall` makes it wait (for at most
+    `stall_s`) before answering. `authorizations` keeps each request's Authorization header.
+    """
+
+    def __init__(
+        self, answer: bytes, cert: tuple[Path, Path] | None = None, token: str = TOKEN
+    ) -> None:
+        self.answer = answer
+        self.token = token
+        self.status: int | None = None
+        self.stall = False
+        self.stall_s = 10.0
+        self.authorizations: list[str | None] = []
+        self.released = threading.Event()
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.scheme = "http"
+        if cert is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*cert)
+            # The handshake in the request's thread, not in the one that accepts.
+            self.server.socket = context.wrap_socket(
+                self.server.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.scheme = "https"
+        self.url = f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}/pods"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.authorizations)
+
+    def _answer(self, path: str, authorization: str | None) -> tuple[int, bytes]:
+        with self._lock:
+            self.authorizations.append(authorization)
+        if path != "/pods":
+            return 404, b"404 page not found"
+        if self.scheme == "https" and authorization != f"Bearer {self.token}":
+            return 401, b"Unauthorized"
+        if self.stall:
+            self.released.wait(self.stall_s)
+        if self.status is not None:
+            forbidden = (
+                "Forbidden (user=system:serviceaccount:netmon:netmon, verb=get, "
+                "resource=nodes, subresource=pods)"
+            )
+            return self.status, forbidden.encode()
+        return 200, self.answer
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                status, body = fake._answer(self.path, self.headers.get("Authorization"))
+                self.send_response(status)
+                kind = "application/json" if status == 200 else "text/plain; charset=utf-8"
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+    def start(self) -> FakeKubeletPods:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.released.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(10)
+
+
+@contextmanager
+def fake_kubelet_pods(
+    answer: bytes, cert: tuple[Path, Path] | None = None, token: str = TOKEN
+) -> Iterator[FakeKubeletPods]:
+    kubelet = FakeKubeletPods(answer, cert, token).start()
+    try:
+        yield kubelet
+    finally:
+        kubelet.stop()
 
 
 def main(argv: list[str]) -> None:

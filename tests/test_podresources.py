@@ -1,4 +1,5 @@
-"""The hand decoder of the kubelet's ListPodResourcesResponse, against google.protobuf's encoder.
+"""The hand decoder of the kubelet's ListPodResourcesResponse, against google.protobuf's encoder;
+the kubelet's pod list and the pure rule of which pods still hold their GPUs.
 
 Every message here is built and serialised by google.protobuf from descriptors of the kubelet's
 api.proto (tests/fake_kubelet.py), so the expected values do not come from the decoder's own
@@ -18,12 +19,15 @@ from netmon.gpu.podresources import (
     ContainerDevices,
     ContainerResources,
     DecodeError,
+    PodPhase,
+    PodPhases,
     PodResources,
     decode_list_response,
+    decode_pod_list,
     device_uuid,
     gpu_allocations,
 )
-from tests.fake_kubelet import FUTURE, PB, response, serialize
+from tests.fake_kubelet import FUTURE, PB, pod_list, response, serialize
 
 U0 = "GPU-3f2a9c1e-7b4d-4e0a-9a61-2c5d8e0f1b77"
 U1 = "GPU-b81d0e44-19a3-4c2f-8d7e-5e6a0c93d2f1"
@@ -270,3 +274,128 @@ def test_damaged_real_answers_decode_like_protobuf_or_raise_decode_error(
     damaged = bytearray(_REAL)
     damaged[position] = byte
     _agrees_with_protobuf(bytes(damaged[:cut] + damaged[cut + 1 :]))
+
+
+# --- the kubelet's pod list, and which pods hold GPUs given their phases
+
+
+def test_a_pod_list_gives_each_pods_namespace_name_and_phase() -> None:
+    listed = pod_list([("ml", "train-0", "Running"), ("ml", "eval", None), ("ml", "x", "Failed")])
+    assert decode_pod_list(listed) == (
+        PodPhase("ml", "train-0", "Running"),
+        PodPhase("ml", "eval", ""),
+        PodPhase("ml", "x", "Failed"),
+    )
+
+
+def test_an_empty_pod_list_is_no_pods_even_as_go_writes_it() -> None:
+    assert decode_pod_list(b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":null}') == ()
+    assert decode_pod_list(b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[]}') == ()
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"<html>", "not JSON"),
+        (b"\xff\xfe\x00", "not JSON"),
+        (b"[]", "the answer is list, not an object"),
+        (b'{"kind": "Status", "message": "forbidden"}', "a 'Status', not a PodList"),
+        (b'{"items": {}}', "items is dict, not a list"),
+        (b'{"items": [7]}', r"items\[0\] is int"),
+        (b'{"items": [{"status": {}}]}', r"items\[0\]\.metadata is NoneType"),
+        (b'{"items": [{"metadata": {"name": "a"}}]}', r"metadata\.namespace is NoneType"),
+        (
+            b'{"items": [{"metadata": {"name": "a", "namespace": "b"}, "status": {"phase": 1}}]}',
+            r"status\.phase is int, not a string",
+        ),
+    ],
+)
+def test_what_is_no_pod_list_raises_a_decode_error_naming_it(data: bytes, words: str) -> None:
+    with pytest.raises(DecodeError, match=words):
+        decode_pod_list(data)
+
+
+LISTED = PodPhases.of(
+    [
+        PodPhase("ml", "serve", "Running"),
+        PodPhase("ml", "starting", "Pending"),
+        PodPhase("ml", "lost", "Unknown"),
+        PodPhase("ml", "fresh", ""),
+        PodPhase("ml", "done", "Succeeded"),
+        PodPhase("ml", "crashed", "Failed"),
+        # A name taken again (a StatefulSet's pod recreated) next to its finished predecessor.
+        PodPhase("ml", "train-0", "Failed"),
+        PodPhase("ml", "train-0", "Pending"),
+        PodPhase("ml", "retried", "Failed"),
+        PodPhase("ml", "retried", "Succeeded"),
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict"),
+    [
+        ("serve", (False, "phase Running")),
+        ("starting", (False, "phase Pending")),
+        ("lost", (False, "phase Unknown")),
+        ("fresh", (False, "phase not set yet")),
+        ("done", (True, "Succeeded")),
+        ("crashed", (True, "Failed")),
+        ("train-0", (False, "phase Pending")),
+        ("retried", (True, "Failed/Succeeded")),
+        ("absent", (False, "phase unknown, so taken as running: not in the kubelet's pod list")),
+    ],
+)
+def test_only_a_pod_listed_as_succeeded_or_failed_has_finished(
+    name: str, verdict: tuple[bool, str]
+) -> None:
+    assert LISTED.judge("ml", name) == verdict
+
+
+def test_phases_that_could_not_be_read_finish_no_pod() -> None:
+    unread = PodPhases.unread("https://10.0.0.5:10250/pods: no answer within 2 s")
+    assert unread.judge("ml", "done") == (
+        False,
+        "phase unknown, so taken as running: https://10.0.0.5:10250/pods: no answer within 2 s",
+    )
+
+
+def _holding(name: str, *ids: str, resource: str = "nvidia.com/gpu") -> PodResources:
+    return PodResources(
+        name, "ml", (ContainerResources("c", (ContainerDevices(resource, tuple(ids)),)),)
+    )
+
+
+def test_a_finished_pods_gpus_are_free_and_a_live_pods_say_their_phase() -> None:
+    pods = [
+        _holding("done", U0),
+        _holding("serve", U1),
+        _holding("crashed", MIG, resource="nvidia.com/mig-1g.5gb"),
+        _holding("done", "nvidia0"),
+    ]
+    found = gpu_allocations(pods, None, LISTED)
+    assert set(found.gpus) == {U1.lower()}
+    assert str(found.gpus[U1.lower()]) == "pod ml/serve container c (nvidia.com/gpu), phase Running"
+    assert found.mig == () and found.unmapped == ()
+    assert found.finished == ("ml/done (Succeeded)", "ml/crashed (Failed)", "ml/done (Succeeded)")
+    assert found  # a pod holds a GPU
+    assert not gpu_allocations(pods[:1], None, LISTED)
+
+
+def test_a_time_sliced_gpu_passes_from_a_finished_pod_to_the_next_live_one() -> None:
+    pods = [_holding("done", f"{U2}::0"), _holding("starting", f"{U2}::1")]
+    found = gpu_allocations(pods, None, LISTED)
+    assert found.gpus[U2.lower()].pod == "starting"
+    assert found.gpus[U2.lower()].device_id == f"{U2}::1"
+
+
+def test_without_phases_every_listed_pod_holds_what_it_was_given() -> None:
+    found = gpu_allocations([_holding("done", U0)])
+    assert str(found.gpus[U0.lower()]) == "pod ml/done container c (nvidia.com/gpu)"
+    assert found.finished == ()
+
+
+def test_netmons_own_pod_is_left_out_whatever_its_phase() -> None:
+    phases = PodPhases.of([PodPhase("ml", "netmon-x7k2p", "Succeeded")])
+    found = gpu_allocations([_holding("netmon-x7k2p", U0)], ("ml", "netmon-x7k2p"), phases)
+    assert not found and found.finished == ()

@@ -13,10 +13,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol, get_args
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from netmon.bandwidth import parse_duration, parse_size
+from netmon.bandwidth import parse_size
 from netmon.gpu.podresources import GpuAllocations
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
@@ -44,6 +45,42 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 _RANK = {reason: rank for rank, reason in enumerate(REASONS)}
 
 
+class KubeletPods(BaseModel):
+    """Where the kubelet's own list of its pods is read, for the phase of each pod holding a GPU."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Its HTTPS port, https://<node IP>:10250/pods ("[...]" around an IPv6 address). An http://
+    # URL (a read-only port) is asked without the token.
+    url: str
+    # A service-account token whose account may get nodes/pods (docs/DEPLOY.md); read at every
+    # request, as the kubelet rotates projected tokens in place. None: no token is sent.
+    token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    # The CA that signed the kubelet's serving certificate; None: the system's CAs.
+    ca_file: Path | None = None
+    # For kubelets with self-signed serving certificates: the token then goes to whoever answers.
+    insecure_skip_verify: bool = False
+
+    @field_validator("token_file", "ca_file", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        # An empty NETMON_IDLE__KUBELET_PODS__CA_FILE= means none, not the current directory.
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        text = value.strip()
+        try:
+            parts = urlsplit(text)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+        except ValueError:  # a port that is no number, a malformed IPv6 address
+            ok = False
+        if not ok:
+            raise ValueError("use a URL like https://10.0.0.5:10250/pods")
+        return text
+
+
 class IdlePolicy(BaseModel):
     """When a GPU counts as idle. Every limit must hold in every sample."""
 
@@ -67,10 +104,10 @@ class IdlePolicy(BaseModel):
     # The kubelet's pod-resources socket (Kubernetes): a GPU a device plugin gave to a pod other
     # than netmon's own is busy even before the pod's process starts. None (default): not asked.
     kubelet_socket: Path | None = None
-    # Some kubelets list pods that have finished with their devices (kubernetes issue 119423):
-    # a pod that has held a GPU this long with no process on it is taken as finished, so its
-    # GPU is probed again (a job that then starts preempts the probe within a second). 0: never.
-    kubelet_stale_after: float = Field(900.0, ge=0)
+    # Some kubelets also list finished pods with their devices (kubernetes issue 119423), so the
+    # kubelet's pod list is read for each holder's phase: only a pod listed as Succeeded or
+    # Failed gives its GPU back. None, or a list that cannot be read: every holder keeps it.
+    kubelet_pods: KubeletPods | None = None
 
     @field_validator("max_memory_used", mode="before")
     @classmethod
@@ -78,12 +115,7 @@ class IdlePolicy(BaseModel):
         # A configuration file says "1G" (binary, as every size in netmon).
         return parse_size(value) if isinstance(value, str) else value
 
-    @field_validator("kubelet_stale_after", mode="before")
-    @classmethod
-    def _stale_after(cls, value: object) -> object:
-        return parse_duration(value) if isinstance(value, str) else value
-
-    @field_validator("kubelet_socket", mode="before")
+    @field_validator("kubelet_socket", "kubelet_pods", mode="before")
     @classmethod
     def _socket_or_off(cls, value: object) -> object:
         # NETMON_IDLE__KUBELET_SOCKET= (empty) turns it off, as leaving it out of the file does.

@@ -1,11 +1,13 @@
-"""The kubelet's pod-resources answer: its protobuf bytes decoded by hand, and which GPUs pods hold.
+"""The kubelet's answers: its pod-resources protobuf decoded by hand, its pod list's phases, and
+which GPUs live pods hold.
 
 Pure: no I/O and no protobuf runtime, so a kubelet with fields we have never seen still parses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 # The messages, from k8s.io/kubelet/pkg/apis/podresources/v1/api.proto (kubernetes/kubernetes,
@@ -30,7 +32,7 @@ _VENDOR = "nvidia.com/"
 
 
 class DecodeError(ValueError):
-    """The bytes are not a ListPodResourcesResponse in protobuf wire format."""
+    """The bytes are not what the kubelet sends: a ListPodResourcesResponse, or a PodList."""
 
 
 @dataclass(frozen=True)
@@ -187,9 +189,13 @@ class Allocation:
     container: str
     resource: str
     device_id: str  # as the kubelet reports it, replica suffix and all
+    # What is known of the pod's phase ("phase Running", "phase unknown, ..."); "" when no
+    # phase was looked up.
+    phase: str = ""
 
     def __str__(self) -> str:
-        return f"pod {self.namespace}/{self.pod} container {self.container} ({self.resource})"
+        held = f"pod {self.namespace}/{self.pod} container {self.container} ({self.resource})"
+        return f"{held}, {self.phase}" if self.phase else held
 
 
 @dataclass(frozen=True)
@@ -202,6 +208,12 @@ class GpuAllocations:
     mig: tuple[Allocation, ...] = ()
     # IDs of a GPU resource that are no NVIDIA UUID at all (another device plugin's naming).
     unmapped: tuple[Allocation, ...] = ()
+    # "namespace/name (phase)" of the pods left out because they have finished.
+    finished: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        """Whether any pod holds a GPU (finished pods hold none)."""
+        return bool(self.gpus or self.mig or self.unmapped)
 
 
 def device_uuid(device_id: str) -> str:
@@ -214,9 +226,14 @@ def device_uuid(device_id: str) -> str:
 
 
 def gpu_allocations(
-    pods: Iterable[PodResources], own_pod: tuple[str, str] | None = None
+    pods: Iterable[PodResources],
+    own_pod: tuple[str, str] | None = None,
+    phases: PodPhases | None = None,
 ) -> GpuAllocations:
     """The GPUs held by pods other than `own_pod` (namespace, name), from any nvidia.com/ resource.
+
+    With `phases`, a pod the kubelet lists only as Succeeded or Failed holds nothing, and every
+    other holder says what is known of its phase. Without, every listed pod holds its devices.
 
     UUID forms, as NVIDIA/k8s-device-plugin's api/config/v1/replicas.go accepts them:
     "GPU-<uuid>", "MIG-<uuid>", and the older "MIG-GPU-<uuid>/<gi>/<ci>", which names its GPU.
@@ -224,9 +241,18 @@ def gpu_allocations(
     gpus: dict[str, Allocation] = {}
     mig: list[Allocation] = []
     unmapped: list[Allocation] = []
+    finished: list[str] = []
     for pod in pods:
         if own_pod is not None and (pod.namespace, pod.name) == own_pod:
             continue
+        phase = ""
+        if phases is not None:
+            done, phase = phases.judge(pod.namespace, pod.name)
+            if done:
+                # Before any holder is kept: a time-sliced GPU's next holder may be running.
+                if _holds_any(pod):
+                    finished.append(f"{pod.namespace}/{pod.name} ({phase})")
+                continue
         for container in pod.containers:
             for devices in container.devices:
                 resource = devices.resource_name
@@ -234,7 +260,7 @@ def gpu_allocations(
                     continue
                 for device_id in devices.device_ids:
                     holder = Allocation(
-                        pod.namespace, pod.name, container.name, resource, device_id
+                        pod.namespace, pod.name, container.name, resource, device_id, phase
                     )
                     uuid = device_uuid(device_id).strip()
                     upper = uuid.upper()
@@ -247,4 +273,105 @@ def gpu_allocations(
                         mig.append(holder)
                     elif resource.startswith(GPU_RESOURCE_PREFIXES):
                         unmapped.append(holder)
-    return GpuAllocations(gpus, tuple(mig), tuple(unmapped))
+    return GpuAllocations(gpus, tuple(mig), tuple(unmapped), tuple(finished))
+
+
+def _holds_any(pod: PodResources) -> bool:
+    return any(
+        _VENDOR in devices.resource_name and devices.device_ids
+        for container in pod.containers
+        for devices in container.devices
+    )
+
+
+# The phases after which a pod's containers have all stopped for good and the kubelet gives
+# their devices to other pods (k8s.io/api/core/v1 PodPhase). "Unknown" and "Pending" are not.
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodPhase:
+    """One pod of the kubelet's pod list."""
+
+    namespace: str
+    name: str
+    phase: str  # status.phase as listed; "" when the pod has none yet
+
+
+def _object(value: object, where: str) -> Mapping[str, object]:
+    if not isinstance(value, dict):
+        raise DecodeError(f"PodList: {where} is {type(value).__name__}, not an object")
+    return value
+
+
+def _string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise DecodeError(f"PodList: {where} is {type(value).__name__}, not a string")
+    return value
+
+
+def decode_pod_list(data: bytes) -> tuple[PodPhase, ...]:
+    """The pods of a v1 PodList in JSON, as the kubelet's GET /pods answers; DecodeError names
+    what does not fit. Only metadata.namespace, metadata.name and status.phase are read."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise DecodeError(f"PodList: not JSON: {' '.join(str(exc).split())[:200]}") from None
+    top = _object(document, "the answer")
+    kind = top.get("kind", "PodList")
+    if kind != "PodList":
+        raise DecodeError(f"PodList: the answer is a {kind!r}, not a PodList")
+    items = top.get("items")
+    if items is None:  # how Go writes a list it never filled
+        items = []
+    if not isinstance(items, list):
+        raise DecodeError(f"PodList: items is {type(items).__name__}, not a list")
+    pods = []
+    for index, item in enumerate(items):
+        where = f"items[{index}]"
+        pod = _object(item, where)
+        metadata = _object(pod.get("metadata"), f"{where}.metadata")
+        status = _object(pod.get("status") or {}, f"{where}.status")
+        pods.append(
+            PodPhase(
+                _string(metadata.get("namespace"), f"{where}.metadata.namespace"),
+                _string(metadata.get("name"), f"{where}.metadata.name"),
+                _string(status.get("phase", ""), f"{where}.status.phase"),
+            )
+        )
+    return tuple(pods)
+
+
+@dataclass(frozen=True)
+class PodPhases:
+    """The phases the kubelet lists per pod (namespace, name), or why none could be read."""
+
+    # More than one phase when a pod's name was reused: a new pod of a StatefulSet, say, listed
+    # next to its finished predecessor. The pod-resources answer names pods without their UID.
+    listed: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    unknown: str | None = None
+
+    @classmethod
+    def of(cls, pods: Iterable[PodPhase]) -> PodPhases:
+        listed: dict[tuple[str, str], tuple[str, ...]] = {}
+        for pod in pods:
+            key = (pod.namespace, pod.name)
+            listed[key] = (*listed.get(key, ()), pod.phase)
+        return cls(listed)
+
+    @classmethod
+    def unread(cls, why: str) -> PodPhases:
+        return cls(unknown=why)
+
+    def judge(self, namespace: str, name: str) -> tuple[bool, str]:
+        """(finished, what is known of the phase). A pod is finished only when every pod listed
+        under its name is Succeeded or Failed; anything not known keeps it holding its GPU."""
+        if self.unknown is not None:
+            return False, f"phase unknown, so taken as running: {self.unknown}"
+        phases = self.listed.get((namespace, name))
+        if not phases:
+            return False, "phase unknown, so taken as running: not in the kubelet's pod list"
+        if all(phase in TERMINAL_PHASES for phase in phases):
+            return True, "/".join(dict.fromkeys(phases))
+        live = dict.fromkeys(p or "not set yet" for p in phases if p not in TERMINAL_PHASES)
+        return False, f"phase {'/'.join(live)}"
