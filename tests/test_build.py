@@ -17,6 +17,7 @@ from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig, parse_config, resolve
 from netmon.gpu import idle
 from netmon.group.members import World
+from netmon.probe import nccl_debug
 from netmon.probe.build import Placement, SpecError, build_spec
 from netmon.probe.launcher import Launcher
 from netmon.probe.pairs import pair_placement
@@ -128,6 +129,54 @@ def test_path_variants_carry_their_nccl_settings_under_the_operators(tmp_path: P
     env = spec.env_dict()
     assert env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_ALGO"] == "Tree"
     assert (spec.path, spec.intent) == ("pcie", "pcie")
+
+
+def pair_log(via: str) -> str:
+    """Rank 0's NCCL log of a 2-GPU pair on one node, connected through `via` (the formats of
+    NCCL's src/init.cc and src/transport/*.cc)."""
+    return "\n".join(
+        [
+            "gpu1:77:77 [0] NCCL INFO NCCL version 2.21.5+cuda12.4",
+            "gpu1:77:90 [0] NCCL INFO comm 0x5581 rank 0 nRanks 2 nNodes 1 localRanks 2 "
+            "localRank 0 MNNVL 0",
+            f"gpu1:77:95 [0] NCCL INFO Channel 00 : 0[3] -> 1[6] via {via}",
+            f"gpu1:77:95 [0] NCCL INFO Channel 01 : 0[3] -> 1[6] via {via}",
+        ]
+    )
+
+
+def test_a_pair_joined_by_nvlink_expects_nvlink_and_a_fallback_to_shm_is_flagged(
+    tmp_path: Path,
+) -> None:
+    config = node(tmp_path)
+    placement = pair_placement((3, 6), "nccl")
+    spec = build_spec(probe_of(config), config, placement=placement, topology=dgx_h100())
+    assert spec.intent == "nvlink"  # GPUs 3 and 6 share NVLink (NV18)
+    fell_back = nccl_debug.parse(pair_log("SHM/direct/direct"))
+    assert nccl_debug.judge(fell_back, spec.intent) == ["shm_where_nvlink_expected"]
+    assert nccl_debug.judge(nccl_debug.parse(pair_log("P2P/CUMEM/read")), spec.intent) == []
+
+
+def test_a_pair_on_pcie_expects_any_transport(tmp_path: Path) -> None:
+    # GPUs 0 and 1 joined by an NVLink bridge, GPU 2 by PCIe alone (NODE).
+    topology = parse_topo_matrix((FIXTURES / "topo_3x_rtxa6000_nv4_bridge_pair.txt").read_text())
+    config = node(tmp_path, devices=["0", "1", "2"])
+
+    def intent(pair: tuple[int, int]) -> str:
+        placement = pair_placement(pair, "nccl")
+        return build_spec(probe_of(config), config, placement=placement, topology=topology).intent
+
+    assert intent((0, 1)) == "nvlink"
+    # P2P over PCIe is a legitimate path for a PCIe pair, and so is SHM: the "pcie" intent would
+    # count its P2P as a fault, so none is stated.
+    assert (intent((0, 2)), intent((1, 2))) == ("any", "any")
+    p2p = nccl_debug.parse(pair_log("P2P/IPC"))
+    assert nccl_debug.judge(p2p, "any") == []
+    assert nccl_debug.judge(p2p, "pcie") == ["p2p_where_pcie_expected"]
+    # CPU ranks write no NCCL log, whatever topology_file says joins their rank slots.
+    gloo = node(tmp_path, backend="gloo", devices=None, ranks=2, rank_wrapper=[])
+    cpu_pair = pair_placement((0, 1), "gloo")
+    assert build_spec(probe_of(gloo), gloo, placement=cpu_pair, topology=topology).intent == "any"
 
 
 # --- the runner on the simulated node: what each rank would have been given

@@ -3,6 +3,9 @@ transport a group declares, judged on a round's outcome before Results records i
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +14,28 @@ from pydantic import ValidationError
 
 from netmon import baseline
 from netmon.config import ConfigError, NetmonConfig, parse_config, resolve
-from netmon.group.members import GroupConfig, World, identify_self, lay_out, leader_of
-from netmon.probe import crossnode
+from netmon.gpu.fabric import FabricReading
+from netmon.gpu.nvml import NvmlUnavailable
+from netmon.group.auth import Sealer
+from netmon.group.link import GroupLink
+from netmon.group.members import (
+    GroupConfig,
+    World,
+    identify_self,
+    lay_out,
+    leader_of,
+    node_transport,
+    round_transport,
+)
+from netmon.probe import crossnode, nccl_debug
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
 from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
+from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
+from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
+from netmon.topology.model import Nic, Topology
 
 A, B, C = "10.0.0.1:29400", "10.0.0.2:29400", "gpu-c:29400"
 
@@ -216,3 +234,132 @@ def test_the_declared_networks_reasons_start_at_zero_for_the_groups_probes(
     unset = node_config(tmp_path, None)
     anything = Results(CurrentConfig(unset), baseline.BaselineBook(unset.baseline), None)
     assert {p for (p, _, _) in anything.snapshot().transport_faults} == {"small"}
+
+
+# --- the transport a group's rounds are judged against when `transport` is unset: the node's
+
+
+HGX = tuple(FabricReading(i, f"GPU-{i}", "completed", 0, 0, None) for i in range(8))
+NVL72 = tuple(dataclasses.replace(r, cluster_uuid="ab" * 16) for r in HGX)
+
+
+@pytest.mark.parametrize(
+    ("fields", "backend", "rdma", "domain", "transport"),
+    [
+        # RDMA devices and no multi-node NVLink domain: a round NCCL put on sockets is flagged.
+        ({}, "nccl", ["mlx5_0"], False, "net"),
+        ({}, "nccl", [], False, "any"),  # no RDMA: sockets may be the network
+        ({}, "nccl", ["mlx5_0"], True, "any"),  # NVLink may join the nodes (MNNVL)
+        ({}, "nccl", ["mlx5_0"], None, "any"),  # NVML did not say
+        ({}, "gloo", ["mlx5_0"], False, "any"),  # no NCCL log to judge
+        ({}, None, ["mlx5_0"], False, "any"),  # gloo is the default backend
+        # What the operator wrote wins, `any` included.
+        ({"transport": "any"}, "nccl", ["mlx5_0"], False, "any"),
+        ({"transport": "socket"}, "nccl", ["mlx5_0"], False, "socket"),
+        ({"transport": "ib"}, "nccl", [], True, "ib"),
+    ],
+)
+def test_an_unset_transport_is_what_the_node_shows(
+    fields: dict[str, Any],
+    backend: str | None,
+    rdma: list[str],
+    domain: bool | None,
+    transport: str,
+) -> None:
+    assert round_transport(config(**fields), backend, rdma, domain)[0] == transport
+
+
+def rdma_root(tmp_path: Path, *devices: str) -> Path:
+    """A /sys/class/infiniband of these devices."""
+    root = tmp_path / "infiniband"
+    root.mkdir(exist_ok=True)
+    for device in devices:
+        (root / device).mkdir()
+    return root
+
+
+class FabricReads:
+    """netmon.gpu.nvml.read_fabric as a node answers it (readings, or NVML's error), counted."""
+
+    def __init__(self, answer: Sequence[FabricReading] | Exception) -> None:
+        self.answer, self.calls = answer, 0
+
+    def __call__(self) -> Sequence[FabricReading]:
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_node_shows_its_rdma_devices_and_nvlink_domain(tmp_path: Path) -> None:
+    ib = rdma_root(tmp_path, "mlx5_0", "mlx5_1")
+    unset = config()
+    hgx = FabricReads(HGX)
+    transport, why = node_transport(unset, "nccl", None, hgx, ib)
+    assert (transport, hgx.calls) == ("net", 1)
+    assert why == "RDMA devices on this node (mlx5_0, mlx5_1): sockets are a fallback"
+    assert node_transport(unset, "nccl", None, FabricReads(NVL72), ib)[0] == "any"
+    assert node_transport(unset, "nccl", None, FabricReads(()), ib)[0] == "any"
+    assert (
+        node_transport(unset, "nccl", None, FabricReads(NvmlUnavailable("no driver")), ib)[0]
+        == "any"
+    )
+    # No RDMA device (no such directory): NVML is not even asked.
+    nothing = FabricReads(HGX)
+    assert node_transport(unset, "nccl", None, nothing, tmp_path / "absent")[0] == "any"
+    assert nothing.calls == 0
+    # A `topo -m` topology lists the node's RDMA NICs too.
+    topo = Topology(gpus=(), nics=(Nic("NIC0", "mlx5_0"),))
+    assert node_transport(unset, "nccl", topo, FabricReads(HGX), tmp_path / "absent")[0] == "net"
+    # Configured, or gloo: nothing is read.
+    untouched = FabricReads(HGX)
+    assert node_transport(config(transport="socket"), "nccl", None, untouched, ib)[0] == "socket"
+    assert node_transport(unset, "gloo", None, untouched, ib)[0] == "any"
+    assert untouched.calls == 0
+
+
+def coordinator(config: NetmonConfig, fabric: FabricReads, rdma: Path) -> Coordinator:
+    """A coordinator that is never started: its rounds' specs are built, nothing runs."""
+    assert config.group is not None
+    current = CurrentConfig(config)
+    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    # No GPU is ever surveyed: the idle source is never asked.
+    readiness = Readiness(current, DeviceLocks(), None, threading.Event())  # type: ignore[arg-type]
+    link = GroupLink(29400, "10.0.0.1", A)  # never started
+    sealer = Sealer(config.group.name, b"0123456789abcdef")
+    return Coordinator(
+        current, config.group, A, link, sealer, readiness, results, fabric=fabric, rdma=rdma
+    )
+
+
+# One member's log of a 2-node round NCCL carried on TCP sockets: its quiet fallback when the
+# RDMA devices cannot be opened (the formats of NCCL's src/init.cc and src/transport/net.cc).
+SOCKETS_LOG = "\n".join(
+    [
+        "node-a:4100:4100 [0] NCCL INFO NCCL version 2.27.5+cuda12.9",
+        "node-a:4100:4120 [0] NCCL INFO comm 0x55d0 rank 0 nRanks 2 nNodes 2 localRanks 1 "
+        "localRank 0 MNNVL 0",
+        "node-a:4100:4130 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0",
+        "node-a:4100:4130 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+    ]
+)
+
+
+@pytest.mark.parametrize(
+    ("transport", "intent", "flagged"),
+    [(None, "net", True), ("any", "any", False), ("ib", "net_ib", True)],
+)
+def test_a_round_on_sockets_from_an_rdma_node_fails_unless_the_group_allows_it(
+    tmp_path: Path, transport: str | None, intent: str, flagged: bool
+) -> None:
+    config = node_config(tmp_path, transport)
+    rounds = coordinator(config, FabricReads(HGX), rdma_root(tmp_path, "mlx5_0"))
+    (probe,) = [p for p in config.probes or () if p.name == "cross"]
+    spec = rounds._group_spec(probe, config, lay_out([A, B], {A: 1, B: 1}), ["0", "0"])
+    assert (spec.intent, spec.path) == (intent, "group")
+    report = nccl_debug.parse(SOCKETS_LOG)
+    ran = round_outcome(tuple(nccl_debug.judge(report, spec.intent)), ("net_socket",))
+    checked = transport_checked(ran.model_copy(update={"spec": spec}))
+    assert (checked.failure is not None) is flagged
+    if flagged:
+        assert checked.failure is not None and checked.failure.reason == "transport_mismatch"

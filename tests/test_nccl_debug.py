@@ -496,7 +496,7 @@ def test_without_an_operators_setting_the_ranks_log_info_to_netmons_file(
 ) -> None:
     env = debug_of(rank_env(monkeypatch))
     assert env.pop("NCCL_DEBUG_FILE").endswith("/nccl.rank0.%h.%p.log")
-    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"}
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": debugenv.DEBUG_SUBSYS}
 
 
 @pytest.mark.parametrize("where", ["process", "spec"])
@@ -561,3 +561,64 @@ def test_which_settings_log_the_transports(
     level: str | None, subsys: str | None, complete: bool
 ) -> None:
     assert debugenv.logs_transports(level, subsys) is complete
+
+
+# Every kind of line nd.parse reads from NCCL's log (its pattern in netmon.probe.nccl_debug), one
+# message of each in NCCL's format, and the subsystems NCCL tags it with (INFO(flags, ...) in
+# NCCL's source, v2.18 to v2.28): "ALL" for the version banner (INFO(NCCL_ALL, ...) at INFO,
+# src/init.cc), WARN lines (always NCCL_ALL) and src/graph/paths.cc's P2P settings.
+LOGGED_WITH: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("_VERSION_RE", "NCCL version 2.28.7+cuda12.9", frozenset({"ALL"})),  # src/init.cc
+    ("_CHANNEL_RE", "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read", frozenset({"INIT", "P2P"})),
+    ("_CHANNEL_RE", "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct", frozenset({"INIT", "SHM"})),
+    (
+        "_CHANNEL_RE",
+        "Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA",
+        frozenset({"INIT", "NET"}),
+    ),
+    (
+        "_COMM_RE",  # src/init.cc
+        "comm 0x55d0 rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0",
+        frozenset({"INIT"}),
+    ),
+    (
+        "_RANK_LINE_RE",  # src/init.cc, Init START and COMPLETE
+        "ncclCommInitRankConfig comm 0x55d0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 "
+        "commId 0x1 - Init COMPLETE",
+        frozenset({"INIT"}),
+    ),
+    ("_ENV_RE", "NCCL_BUFFSIZE set by environment to 8388608.", frozenset({"ENV"})),  # param.cc
+    ("_ENV_RE", "NCCL_P2P_LEVEL set by environment to LOC", frozenset({"ALL"})),  # paths.cc
+    ("_NVLS_SUPPORT_RE", "NVLS multicast support is available on dev 0", frozenset({"INIT"})),
+    (
+        "_NVLS_USED_RE",  # src/transport/nvls.cc
+        "NVLS comm 0x55d0 headRank 0 nHeads 8 nvlsRanks 8 buffSize 1048576",
+        frozenset({"INIT", "NVLS"}),
+    ),
+    ("_NVLS_USED_RE", "Connected NVLS tree", frozenset({"INIT"})),
+    (
+        "_P2P_NVLINK_DISABLED_RE",  # a WARN
+        "P2P is disabled between NVLINK connected GPUs 1 and 0.",
+        frozenset({"ALL"}),
+    ),
+)
+# Patterns that are no kind of NCCL line: a line's frame (launcher tags, NCCL's prefix), the
+# parts of a NET "via", and nccl-tests' own device listing.
+NOT_LINE_KINDS = {"_MPI_TAG_RE", "_LINE_RE", "_NET_RE", "_TESTS_RANK_RE"}
+
+
+def test_netmon_asks_nccl_for_the_lines_it_parses_and_no_more() -> None:
+    asked = set(debugenv.DEBUG_SUBSYS.split(","))
+    # TUNING has rank 0 write a line per collective, inside the timed loop; nothing reads it.
+    assert "TUNING" not in asked and "GRAPH" not in asked
+    parsed = {name for name in vars(nd) if name.endswith("_RE")} - NOT_LINE_KINDS
+    assert {kind for kind, _, _ in LOGGED_WITH} == parsed  # each kind's subsystems are stated
+    for kind, message, flags in LOGGED_WITH:
+        assert getattr(nd, kind).search(message), (kind, message)
+        assert "ALL" in flags or flags & asked, f"{kind} lines would be missing: {message}"
+    for subsystem in asked:
+        needed = [
+            m for _, m, flags in LOGGED_WITH if "ALL" not in flags and flags & asked == {subsystem}
+        ]
+        assert needed, f"nothing parsed needs {subsystem}"
+    assert debugenv.logs_transports("INFO", debugenv.DEBUG_SUBSYS)

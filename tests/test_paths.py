@@ -172,7 +172,8 @@ def test_fabric_readings_of_an_nvswitch_node() -> None:
     assert nv.times_called("nvmlDeviceGetGpuFabricInfoV") == 2
     assert nv.times_called("nvmlDeviceGetGpuFabricInfo") == 0
     assert nv.shutdowns == 1
-    assert nvls_supported(readings) == (
+    # Two GPUs suffice for NVLS since NCCL 2.28.7 (test_nvls_needs_three_gpus_before_nccl_2_28_7).
+    assert nvls_supported(readings, nccl=(2, 28, 7)) == (
         True,
         "every GPU joined an NVLink fabric; NCCL still checks multicast support itself",
     )
@@ -214,13 +215,66 @@ def test_nvls_is_refused_without_a_registered_fabric(nvml: FabricNvml, reason: s
 
 def test_nvls_decision_on_the_probes_own_gpus() -> None:
     readings = read_fabric(FabricNvml((3, 1)))
-    assert nvls_supported(readings, ["0", "GPU-synthetic-0"])[0] is True
-    assert nvls_supported(readings, ["0"]) == (
-        False,
-        "NVLS needs 2 or more GPUs of one node, 1 read",
-    )
+    new = (2, 28, 7)
+    # GPU 1 has not joined the fabric: a probe on GPU 0 alone is not refused for it, only for
+    # being one GPU, whatever names it goes by (NCCL counts GPUs, not ranks).
+    one_gpu = (False, "NCCL turns NVLS on only with 2 or more GPUs of one node; 1 here")
+    assert nvls_supported(readings, ["0"], new) == one_gpu
+    assert nvls_supported(readings, ["0", "GPU-synthetic-0"], new) == one_gpu
+    assert nvls_supported(readings, ["0", "1"], new)[1].startswith("GPU 1 has not finished")
     assert nvls_supported(readings, ["0", "2"]) == (False, "no NVML fabric reading for GPU 2")
-    assert nvls_supported(()) == (False, "NVLS needs 2 or more GPUs of one node, 0 read")
+    assert nvls_supported((), nccl=new) == (
+        False,
+        "NCCL turns NVLS on only with 2 or more GPUs of one node; 0 here",
+    )
+
+
+def joined(count: int) -> tuple[FabricReading, ...]:
+    """An NVSwitch node's GPUs, each registered with the fabric (state completed, status 0)."""
+    return tuple(FabricReading(i, f"GPU-{i}", "completed", 0, 0, None) for i in range(count))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "nccl", "runs"),
+    [
+        # NCCL 2.18.1 to 2.28.3 turn NVLS off unless the node has 3 or more of the
+        # communicator's GPUs (src/transport/nvls.cc: gpuCount <= 2); 2.28.7 made it gpuCount < 2.
+        (2, (2, 24, 3), False),
+        (2, (2, 28, 3), False),
+        (2, (2, 28, 7), True),
+        (2, (2, 29, 2), True),
+        (2, None, False),  # version unknown: the older rule
+        (3, (2, 24, 3), True),
+        (3, None, True),
+        (1, (2, 28, 7), False),
+    ],
+)
+def test_nvls_needs_three_gpus_before_nccl_2_28_7(
+    gpus: int, nccl: tuple[int, int, int] | None, runs: bool
+) -> None:
+    assert nvls_supported(joined(gpus), nccl=nccl)[0] is runs
+
+
+def test_nvls_counts_the_probes_gpus_not_the_nodes() -> None:
+    # NCCL counts the GPUs of its communicator on the node (the GPUs in its topology, which holds
+    # only its own ranks' GPUs): a 2-GPU probe on an 8-GPU node has 2.
+    node = joined(8)
+    assert nvls_supported(node, ["0", "1"], (2, 27, 5)) == (
+        False,
+        "NCCL 2.27.5 turns NVLS on only with 3 or more GPUs of one node (2 since NCCL 2.28.7); "
+        "2 here",
+    )
+    assert nvls_supported(node, ["0", "1", "GPU-1"], (2, 27, 5))[0] is False  # GPU 1 twice
+    assert nvls_supported(node, ["0", "1", "7"], (2, 27, 5))[0] is True
+    # Through the variant's skip, with the version the ranks of an earlier probe reported.
+    assert paths.unsupported("nvls", "all_reduce", node, devices=["0", "1"], nccl="2.27.5") == (
+        "nvls needs NVSwitch multicast: NCCL 2.27.5 turns NVLS on only with 3 or more GPUs of "
+        "one node (2 since NCCL 2.28.7); 2 here"
+    )
+    assert paths.unsupported("nvls", "all_reduce", node, devices=["0", "1"], nccl="2.28.7") is None
+    unknown = paths.unsupported("nvls", "all_reduce", node, devices=["0", "1"])
+    assert unknown is not None and "NCCL version is not known yet" in unknown
+    assert paths.unsupported("nvls", "all_reduce", node) is None  # all 8 GPUs
 
 
 def test_fabric_from_raw() -> None:
@@ -244,7 +298,7 @@ def test_fabric_from_raw() -> None:
 def test_unsupported_variants_are_skipped_with_a_reason() -> None:
     hgx, pcie = read_fabric(h100()), read_fabric(pcie_node())
     assert paths.SKIP_REASON == "path_unsupported"
-    assert paths.unsupported("nvls", "all_reduce", hgx) is None
+    assert paths.unsupported("nvls", "all_reduce", hgx, nccl="2.28.7") is None
     assert paths.unsupported("nvls", "all_reduce", pcie) == (
         "nvls needs NVSwitch multicast: "
         "GPU 0 is in no NVLink fabric (no NVSwitch, or before Hopper)"
@@ -265,4 +319,7 @@ def test_unsupported_variants_are_skipped_with_a_reason() -> None:
     )
     assert paths.unsupported("tree", "all_reduce", hgx, nccl="2.24.3") is None
     assert paths.unsupported("ring", "all_reduce", hgx, nccl="2.18.1") is None
-    assert paths.unsupported("nvls", "all_reduce", hgx, devices=["GPU-synthetic-1", "0"]) is None
+    by_uuid = paths.unsupported(
+        "nvls", "all_reduce", hgx, devices=["GPU-synthetic-1", "0"], nccl="2.28.9"
+    )
+    assert by_uuid is None

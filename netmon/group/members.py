@@ -1,4 +1,5 @@
-"""Node groups, the pure part: who the members are, who leads, and how a round's world is laid out.
+"""Node groups, the pure part: who the members are, who leads, how a round's world is laid out,
+and which network its rounds must show between nodes (the reads it needs are passed in).
 
 The lowest-named reachable member leads. A round's world puts each member's local ranks after the
 previous member's, in member order, so every daemon computes the same global ranks from the plan.
@@ -11,7 +12,7 @@ import ipaddress
 import json
 import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -19,6 +20,9 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from netmon.bandwidth import parse_duration
+from netmon.gpu.fabric import FabricReading, in_nvlink_domain
+from netmon.gpu.idle import IdleSourceError
+from netmon.topology.model import Topology
 
 _MEMBER = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
@@ -26,9 +30,12 @@ _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 # The network NCCL must carry a group's rounds on between nodes, as its NCCL_DEBUG=INFO log shows
 # it (docs/GROUPS.md, "The transport"): ib, NCCL's InfiniBand verbs transport (RoCE too); socket,
 # its TCP sockets; net, any network transport but sockets (IB verbs or a net plugin such as EFA's);
-# any, not judged.
+# any, not judged. Left unset, the node decides (`round_transport`).
 Transport = Literal["ib", "socket", "net", "any"]
 TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
+# One entry per RDMA device the kernel has (mlx5_0 for InfiniBand or RoCE, EFA's devices too),
+# whether or not this container may open it: RDMA that NCCL cannot use is what the check is for.
+RDMA_ROOT = Path("/sys/class/infiniband")
 
 
 class GroupConfig(BaseModel):
@@ -50,6 +57,7 @@ class GroupConfig(BaseModel):
     heartbeat: float = Field(1.0, gt=0, description="seconds between member checks")
     ready_timeout: float = Field(5.0, gt=0, description="seconds a round waits for members")
     # A round whose NCCL log shows another network between nodes fails as transport_mismatch.
+    # "any" when unset, for the schema; the rounds then go by `round_transport`.
     transport: Transport = "any"
 
     @field_validator("name")
@@ -102,6 +110,55 @@ class GroupConfig(BaseModel):
                 "every member (openssl rand -hex 32 > /etc/netmon/group.secret)"
             )
         return self
+
+
+def round_transport(
+    group: GroupConfig,
+    backend: str | None,
+    rdma_devices: Sequence[str],
+    nvlink_domain: bool | None,
+) -> tuple[Transport, str]:
+    """The network a member's rounds must show between nodes, and why (pure).
+
+    A configured `transport` is kept. Unset, this member's node decides: NCCL ranks on a node with
+    RDMA devices (InfiniBand, RoCE, EFA) get `net`, so a round NCCL carried on TCP sockets, its
+    quiet fallback when RDMA does not start, fails as transport_mismatch, while IB and net
+    plugins pass. Everything else gets `any`: a node without RDMA may well be on sockets; in a
+    multi-node NVLink domain (`nvlink_domain`; None when NVML did not say) NCCL may join the
+    nodes by NVLink with no network at all; gloo ranks write no NCCL log to judge.
+    """
+    if "transport" in group.model_fields_set:
+        return group.transport, "configured"
+    if (backend or "gloo") != "nccl":
+        return "any", "gloo ranks: no NCCL log to judge"
+    if not rdma_devices:
+        return "any", "no RDMA device on this node: TCP sockets may be its network"
+    if nvlink_domain is None:
+        return "any", "NVML did not say whether the node is in a multi-node NVLink domain"
+    if nvlink_domain:
+        return "any", "a multi-node NVLink domain: NCCL may join its nodes without the network"
+    return "net", f"RDMA devices on this node ({', '.join(rdma_devices)}): sockets are a fallback"
+
+
+def node_transport(
+    group: GroupConfig,
+    backend: str | None,
+    topology: Topology | None,
+    fabric: Callable[[], Sequence[FabricReading]],
+    rdma_root: Path = RDMA_ROOT,
+) -> tuple[Transport, str]:
+    """`round_transport` on this node, read now, and only where the answer depends on it: the
+    kernel's RDMA devices and a `topo -m` topology's NICs (nvidia-smi lists RDMA devices there),
+    then NVML's fabric reading (`fabric`, netmon.gpu.nvml.read_fabric)."""
+    if "transport" in group.model_fields_set or (backend or "gloo") != "nccl":
+        return round_transport(group, backend, (), None)
+    found: set[str] = {nic.device or nic.name for nic in (topology.nics if topology else ())}
+    with contextlib.suppress(OSError):
+        found.update(entry.name for entry in rdma_root.iterdir())
+    domain = None
+    with contextlib.suppress(IdleSourceError):
+        domain = in_nvlink_domain(fabric()) if found else None
+    return round_transport(group, backend, sorted(found), domain)
 
 
 def member_host(member: str) -> str:

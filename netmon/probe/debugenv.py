@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# The subsystems netmon asks for when the operator chose no log level: every line
-# netmon.probe.nccl_debug.parse reads (INIT and the transports' own, ENV for the variables that
-# were set, GRAPH and TUNING for context).
-DEBUG_SUBSYS = "INIT,ENV,GRAPH,P2P,SHM,NET,TUNING"
+# The subsystems netmon asks for when the operator chose no log level: those of the lines
+# netmon.probe.nccl_debug.parse reads, and no more. INIT tags every connection ("via") line
+# together with its transport's own P2P, SHM or NET, and the communicator, rank and NVLS lines;
+# ENV the variables set (src/misc/param.cc). The version banner and WARN lines carry every
+# subsystem. Nothing reads GRAPH (the topology search's Pattern, Ring and Tree lines) or TUNING,
+# and TUNING costs: since 2.20 rank 0 logs every collective's algorithm under it (src/enqueue.cc)
+# to a file NCCL leaves unbuffered (line-buffered since 2.27, src/debug.cc), so one write() per
+# operation inside the timed loop, which shows at small sizes.
+DEBUG_SUBSYS = "INIT,ENV"
 # The NCCL_DEBUG levels that print INFO lines. A level prints every line up to its own, in the
 # order VERSION, WARN, INFO, ABORT, TRACE (src/debug.cc).
 _INFO_LEVELS = ("INFO", "ABORT", "TRACE")

@@ -53,13 +53,19 @@ PairGate = Callable[[Pair], AbstractContextManager[Gate]]
 
 
 def pair_placement(pair: Pair, backend: str) -> Placement:
-    """A probe narrowed to one pair: 2 ranks on GPUs (or CPU rank slots) a and b."""
+    """A probe narrowed to one pair: 2 ranks on GPUs (or CPU rank slots) a and b.
+
+    On GPUs its intent is left to probe.build, from the topology: "nvlink" where NVLink joins
+    the pair, so a pair that fell back to SHM or the network is a transport fault; "any"
+    otherwise, as P2P over PCIe is as legitimate a path for a PCIe pair as host memory (the
+    "pcie" intent would count its P2P as a fault). CPU ranks write no NCCL log: "any".
+    """
+    nccl = backend == "nccl"
     return Placement(
         devices=(str(pair[0]), str(pair[1])),
         ranks=2,
-        env=PAIR_NCCL_ENV if backend == "nccl" else {},
-        # Judged against its path class, not by transport: the pair's path is its label.
-        intent="any",
+        env=PAIR_NCCL_ENV if nccl else {},
+        intent=None if nccl else "any",
     )
 
 

@@ -126,7 +126,9 @@ def unsupported(
     `fabric` is NVML's fabric reading of the node (netmon.gpu.nvml.read_fabric), an empty one
     where NVML gave none; None means it was not asked (CPU ranks, where NCCL's variables mean
     nothing). `devices` narrows it to the probe's GPUs. `nccl` is the NCCL version ranks reported
-    ("2.27.5"), when known. A reason is counted as the skip SKIP_REASON.
+    ("2.27.5"), when known: the daemon never loads NCCL, so it is what an earlier probe's ranks
+    said (ProbeEnvironment.nccl); unknown, the stricter rule of older releases applies. A reason
+    is counted as the skip SKIP_REASON.
     """
     problem = cannot_run(path, op)
     if problem is not None:
@@ -140,7 +142,7 @@ def unsupported(
             f"the ranks run NCCL {nccl}"
         )
     if path == "nvls" and fabric is not None:
-        supported, reason = nvls_supported(fabric, devices)
+        supported, reason = nvls_supported(fabric, devices, version)
         if not supported:
             return f"nvls needs NVSwitch multicast: {reason}"
     return None

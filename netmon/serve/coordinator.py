@@ -21,13 +21,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.snapshot import GroupView
+from netmon.gpu.fabric import FabricReading
+from netmon.gpu.nvml import read_fabric
 from netmon.group.auth import Sealer
 from netmon.group.link import GroupError, GroupLink, SealedLink
-from netmon.group.members import GroupConfig, World, lay_out, leader_of
+from netmon.group.members import RDMA_ROOT, GroupConfig, World, lay_out, leader_of, node_transport
 from netmon.logs import event
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
@@ -68,10 +71,15 @@ class Coordinator:
         results: Results,
         topology: Topology | None = None,
         zygote: Zygote | None = None,
+        fabric: Callable[[], Sequence[FabricReading]] = read_fabric,
+        rdma: Path = RDMA_ROOT,
     ) -> None:
         self.current = current
         self.zygote = zygote
         self.group = group
+        # What NCCL must show between nodes when the group does not say: fixed, like the backend.
+        self.transport, why = node_transport(group, current.get().backend, topology, fabric, rdma)
+        event(log, "group transport", group=group.name, transport=self.transport, why=why)
         self.me = me
         self.link = SealedLink(link, sealer, self.rejected)
         self.readiness = readiness
@@ -433,7 +441,7 @@ class Coordinator:
             local_ranks=world.ranks_of[self.me],
             env=env,
             label="group",
-            intent=INTENT_OF_TRANSPORT[self.group.transport],
+            intent=INTENT_OF_TRANSPORT[self.transport],
         )
         return build_spec(probe, config, placement=placement, topology=self.topology)
 

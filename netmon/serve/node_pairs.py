@@ -146,7 +146,8 @@ class NodePairs:
         self.rounds.results.finished(probe, outcome, "node_pair", export=False)
         largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
         # No value from a failed pair, one that ran on another network than the group declares
-        # (transport_mismatch, netmon.probe.crossnode) included: the verdict leaves it out.
+        # or its nodes show (transport_mismatch, netmon.probe.crossnode) included: the verdict
+        # leaves it out.
         value = largest.busbw_bytes_per_second if largest and outcome.ok else None
         if host_of_rank0:
             self.rounds.results.peer_measured(probe.name, peer, outcome)
