@@ -1,6 +1,6 @@
 """PCIe and NVLink health: recorded nvidia-smi output -> readings -> verdicts -> metric families
-(the exporter's link_health collector), and read_link_health on a stand-in pynvml (this machine
-has no GPU).
+(the exporter's link_health collector), read_link_health on a stand-in pynvml (this machine has no
+GPU), and the runner marking a pcie-path probe's own GPUs in the reading taken under its traffic.
 
 The fixtures are published real outputs (tests/fixtures/SOURCES.md, "nvlink / PCIe"). The
 stand-in pynvml (tests/fake_nvml.py) binds every call against the installed module's real
@@ -31,6 +31,7 @@ from netmon.gpu.linkhealth import (
     PcieReading,
     downtrained,
     field_number,
+    marked_loaded,
     nvlink_from_raw,
     parse_nvidia_smi_q_pci,
     parse_nvlink_status,
@@ -55,8 +56,9 @@ def pcie(
     width: int | None = 16,
     width_max: int | None = 16,
     replay_counter: int | None = 0,
+    loaded: bool = False,
 ) -> PcieReading:
-    return PcieReading(gpu, gen, gen_max, width, width_max, replay_counter)
+    return PcieReading(gpu, gen, gen_max, width, width_max, replay_counter, loaded)
 
 
 # --- recorded outputs -> readings ---------------------------------------------------------------
@@ -132,16 +134,36 @@ def test_csv_columns_are_found_by_name() -> None:
         parse_pcie_query_csv("1,3,3,4,16\n")  # noheader: columns cannot be named
 
 
-def test_generation_drop_counts_only_under_load() -> None:
-    # An idle GPU parks its link at Gen1 (nvtop#6); under probe traffic that is a fault.
-    parked = pcie(gen=1, gen_max=4)
+def test_generation_drop_counts_only_on_a_link_under_load() -> None:
+    # An idle GPU parks its link at Gen1 (nvtop#6); on a link carrying probe traffic that is a
+    # fault.
+    parked = pcie(gen=1, gen_max=4, loaded=True)
     assert downtrained(parked, under_load=False) == []
     assert downtrained(parked, under_load=True) == ["generation"]
-    both = pcie(gen=3, gen_max=4, width=8, width_max=16)
+    both = pcie(gen=3, gen_max=4, width=8, width_max=16, loaded=True)
     assert downtrained(both, under_load=True) == ["generation", "width"]
     assert downtrained(both, under_load=False) == ["width"]
-    assert downtrained(pcie(gen=None, width=None), under_load=True) == []
+    assert downtrained(pcie(gen=None, width=None, loaded=True), under_load=True) == []
+    # Read at the same moment but idle (not one of the probe's GPUs): the generation is not
+    # judged; the width is, as ever.
+    resting = pcie(gen=1, gen_max=4, width=8, width_max=16)
+    assert downtrained(resting, under_load=True) == ["width"]
     assert DOWNTRAIN_REASONS == ("generation", "width")
+
+
+def test_marked_loaded_marks_the_probes_gpus_only_and_only_under_load() -> None:
+    readings = tuple(pcie(gpu, gen=1, gen_max=5) for gpu in range(4))
+    load = marked_loaded(LinkHealth(readings, (), (), under_load=True, read_at=1.0), [1, 3, 9])
+    assert [r.loaded for r in load.pcie] == [False, True, False, True]
+    assert load.loaded == {1, 3}  # GPU 9 is not in the reading: nothing to mark
+    assert load.pcie[1] == pcie(1, gen=1, gen_max=5, loaded=True)
+    # Marks follow the latest probe: an earlier probe's GPUs are unmarked.
+    assert marked_loaded(load, [0]).loaded == {0}
+    # A reading not under load (an idle read, or one that came back after the traffic ended)
+    # marks none, whatever GPUs the probe had.
+    resting = LinkHealth(load.pcie, (), (), under_load=False, read_at=2.0)
+    assert marked_loaded(resting, [0, 1]).loaded == frozenset()
+    assert marked_loaded(load, []).loaded == frozenset()
 
 
 def test_nvlink_status_bridged_pair_and_unbridged_gpu() -> None:
@@ -233,7 +255,8 @@ def registry_of(health: LinkHealth | None) -> CollectorRegistry:
 def test_families_from_the_recorded_5060ti_under_load() -> None:
     readings = parse_pcie_query_csv(fixture("pcie_query_csv_2x_rtx5060ti_gen3_x4_of_x16.txt"))
     latest = tuple({r.gpu: r for r in readings}.values())
-    registry = registry_of(LinkHealth(latest, (), (), under_load=True, read_at=1781646033.289))
+    load = LinkHealth(latest, (), (), under_load=True, read_at=1781646033.289)
+    registry = registry_of(marked_loaded(load, [1, 2]))
     value = registry.get_sample_value
     assert value("netmon_pcie_link_generation", {"gpu": "1"}) == 3
     assert value("netmon_pcie_link_generation_max", {"gpu": "2"}) == 3
@@ -255,9 +278,44 @@ def test_families_idle_reading_has_no_generation_verdict() -> None:
     assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "width"}) == 0
     assert value("netmon_pcie_replay_errors_total", {"gpu": "0"}) == 7
     assert value("netmon_link_health_under_load") == 0
-    under_load = registry_of(LinkHealth(health.pcie, (), (), True, 5.0))
+    under_load = registry_of(marked_loaded(LinkHealth(health.pcie, (), (), True, 5.0), [0]))
     labels = {"gpu": "0", "reason": "generation"}
     assert under_load.get_sample_value("netmon_pcie_link_downtrained", labels) == 1
+
+
+def downtrains(health: LinkHealth) -> dict[tuple[int, str], float]:
+    """netmon_pcie_link_downtrained of a reading published as the daemon publishes it."""
+    registry = registry_of(health)
+    return {
+        (int(sample.labels["gpu"]), sample.labels["reason"]): sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == "netmon_pcie_link_downtrained"
+    }
+
+
+def test_an_under_load_reading_judges_the_generation_only_on_the_probes_gpus() -> None:
+    # A pcie-path probe on GPUs 0 and 1 of an 8-GPU node: NVML reads all eight at that moment.
+    # The probe's links run at Gen5; the other six sit idle at Gen1, saving power, and GPU 6
+    # has lost half its lanes, which shows at idle too.
+    def node(gen_of_1: int) -> LinkHealth:
+        gens = [5, gen_of_1, 1, 1, 1, 1, 1, 1]
+        readings = tuple(
+            pcie(gpu, gen=gen, gen_max=5, width=8 if gpu == 6 else 16, width_max=16)
+            for gpu, gen in enumerate(gens)
+        )
+        return marked_loaded(LinkHealth(readings, (), (), under_load=True, read_at=1.0), [0, 1])
+
+    healthy = downtrains(node(gen_of_1=5))
+    flagged = {key for key, value in healthy.items() if value == 1}
+    assert flagged == {(6, "width")}
+    assert healthy[(0, "generation")] == healthy[(1, "generation")] == 0
+    for gpu in range(2, 8):  # idle, not judged: never flagged (0 or left out)
+        assert healthy.get((gpu, "generation")) in (None, 0)
+        assert (gpu, "width") in healthy
+    # A loaded link trained to Gen3 of Gen5 is still a fault.
+    slow = downtrains(node(gen_of_1=3))
+    assert {key for key, value in slow.items() if value == 1} == {(1, "generation"), (6, "width")}
 
 
 def test_families_nvlink_and_help_texts() -> None:
@@ -320,7 +378,9 @@ def test_read_link_health_reads_and_degrades() -> None:
 
 
 def test_read_link_health_families_end_to_end() -> None:
-    registry = registry_of(read_link_health(under_load=True, nvml=LinkHealthNvml()))
+    health = read_link_health(under_load=True, nvml=LinkHealthNvml())
+    assert health.loaded == frozenset()  # NVML does not know which GPUs the probe used
+    registry = registry_of(marked_loaded(health, [0, 1]))
     value = registry.get_sample_value
     assert value("netmon_pcie_link_downtrained", {"gpu": "1", "reason": "generation"}) == 1
     assert value("netmon_pcie_link_downtrained", {"gpu": "0", "reason": "generation"}) == 0
@@ -428,7 +488,7 @@ def test_nvlinks_are_summed_per_gpu_by_default() -> None:
 def test_generation_is_judged_on_the_last_reading_under_load_and_width_on_the_latest() -> None:
     # Under pcie-path traffic GPU 0 ran Gen4 of Gen5 (downtrained); the passive reading after it
     # shows Gen1 at idle (power saving, not judged) and a width that has since dropped to x8.
-    load = LinkHealth((PcieReading(0, 4, 5, 16, 16, 0),), (), (), under_load=True, read_at=10.0)
+    load = LinkHealth((pcie(0, 4, 5, 16, 16, 0, True),), (), (), under_load=True, read_at=10.0)
     idle = LinkHealth((PcieReading(0, 1, 5, 8, 16, 0),), (), (), under_load=False, read_at=40.0)
     snapshot = Snapshot(link_health=idle, link_load=load, link_interval_s=30.0)
     registry = CollectorRegistry(auto_describe=False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, get_args
 
 DowntrainReason = Literal["generation", "width"]
@@ -28,6 +28,10 @@ class PcieReading:
     """One GPU's PCIe link. `gen_max` and `width_max` are what this GPU *and its slot* allow
     (nvmlDeviceGetMaxPcieLinkGeneration/-Width, nvidia-smi's `Max`, `pcie.link.gen.max`), not
     the GPU's own maximum: a Gen4 card in a Gen3 slot runs at its best at Gen3.
+
+    `loaded` is not NVML's: the daemon sets it (marked_loaded) on the links of the GPUs whose
+    pcie-path probe traffic flowed as the reading was taken, the only links whose generation
+    can be judged.
     """
 
     gpu: int
@@ -36,6 +40,7 @@ class PcieReading:
     width: int | None
     width_max: int | None
     replay_counter: int | None  # PCIe replays since the last GPU reset
+    loaded: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,19 +74,39 @@ class NvLinkThroughput:
 
 @dataclass(frozen=True)
 class LinkHealth:
+    """Every GPU's links, read at once. `under_load`: read while a probe's traffic flowed. NVML
+    reads the whole node, so a reading under load also holds the links of GPUs the probe did not
+    use, perhaps idle at Gen1; the probe's own are marked (PcieReading.loaded, `loaded`)."""
+
     pcie: tuple[PcieReading, ...]
     nvlinks: tuple[NvLinkReading, ...]
     throughput: tuple[NvLinkThroughput, ...]
     under_load: bool  # read while probe traffic flowed over the links
     read_at: float  # Unix time
 
+    @property
+    def loaded(self) -> frozenset[int]:
+        """The GPUs whose PCIe links carried the probe traffic this reading was taken under."""
+        return frozenset(reading.gpu for reading in self.pcie if reading.loaded)
+
+
+def marked_loaded(health: LinkHealth, gpus: Collection[int]) -> LinkHealth:
+    """`health` with the PCIe links of `gpus` (NVML indexes: the probe's GPUs) marked as having
+    carried its traffic and every other link unmarked. A reading not under load marks none."""
+    carried = frozenset(gpus) if health.under_load else frozenset()
+    pcie = tuple(replace(reading, loaded=reading.gpu in carried) for reading in health.pcie)
+    return replace(health, pcie=pcie)
+
 
 def downtrained(reading: PcieReading, under_load: bool) -> list[DowntrainReason]:
     """Why the link runs below what GPU and slot allow; empty when healthy or unknown.
 
     A narrower link is a fault whenever it is seen (lanes are trained once, at boot or reset). A
-    lower generation is one only under load: an idle GPU drops its link to Gen1 to save power
-    (nvtop#6), and returns to full speed when traffic comes.
+    lower generation is one only on a link that carried probe traffic as it was read: an idle
+    GPU drops its link to Gen1 to save power (nvtop#6), and returns to full speed when traffic
+    comes. So the generation is judged only when the caller asks for it on a reading taken under
+    load (`under_load`) and this link was one the traffic went over (`reading.loaded`); a GPU the
+    probe left idle is not judged, though it was read at the same moment.
 
     Caveat: some boards report the slot's mechanical width as `width_max` although it is wired
     narrower; such a slot is reported as downtrained on every reading.
@@ -89,6 +114,7 @@ def downtrained(reading: PcieReading, under_load: bool) -> list[DowntrainReason]
     reasons: list[DowntrainReason] = []
     if (
         under_load
+        and reading.loaded
         and reading.gen is not None
         and reading.gen_max is not None
         and reading.gen < reading.gen_max

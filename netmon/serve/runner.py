@@ -18,7 +18,7 @@ from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.gpu.fabric import FabricReading
-from netmon.gpu.linkhealth import LinkHealth
+from netmon.gpu.linkhealth import LinkHealth, marked_loaded
 from netmon.logs import event
 from netmon.probe.build import LOCAL, Placement, build_spec, gpu_index
 from netmon.probe.forking import Zygote
@@ -266,18 +266,22 @@ class ProbeRunner:
         """Read link health while the largest size is being measured. Only a pcie-path probe
         sends its traffic over PCIe (the default path takes NVLink where there is one), and an
         idle link lowers its generation to save power: so only a pcie-path reading that ended
-        while the traffic still flowed is taken as under load; any other is an idle reading."""
+        while the traffic still flowed is taken as under load; any other is an idle reading.
+        NVML reads every GPU of the node, so the reading is marked with the probe's own GPUs,
+        the only links under load (a GPU the topology cannot name stays unjudged)."""
         if self.link_health_reader is None or spec.backend != "nccl":
             return None
         reader, largest = self.link_health_reader, max(spec.sizes)
         taken, traffic_over = threading.Event(), threading.Event()
+        probed = [gpu_index(self.topology, device) for device in spec.devices]
+        loaded = frozenset(index for index in probed if index is not None)
 
         def read() -> None:
             try:
                 health = reader(spec.path == "pcie")
                 if health.under_load and traffic_over.is_set():
                     health = dataclasses.replace(health, under_load=False)  # read too late
-                self.results.set_link_health(health)
+                self.results.set_link_health(marked_loaded(health, loaded))
             except Exception as exc:  # NVML trouble must never touch the probe
                 log.debug("link health read failed: %s", exc)
 
