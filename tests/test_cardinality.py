@@ -6,6 +6,7 @@ then with per-link NVLink series, and with a pairs probe. docs/METRICS.md states
 from __future__ import annotations
 
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.serve.current import CurrentConfig
 from netmon.serve.results import Results
-from tests.gpu_node import dgx_h100
+from tests.gpu_node import SimNode, dgx_h100
 
 # A rank's CPU reading over 1 s on an 8-CPU machine with nothing else running (cpushare).
 QUIET = [0.5, 0.5, 1.0, 8.0, 1.0]
@@ -40,7 +41,11 @@ def outcome(probe: ProbeConfig, config: NetmonConfig) -> ProbeOutcome:
 def series_count(config: NetmonConfig) -> int:
     """Samples on /metrics once every probe of `config` has learned its baselines (a series
     then has its spread and low bound too) and link health was read."""
-    node = dgx_h100()
+    with tempfile.TemporaryDirectory() as directory:
+        return _series_count(config, dgx_h100(Path(directory)))
+
+
+def _series_count(config: NetmonConfig, node: SimNode) -> int:
     current = CurrentConfig(config)
     results = Results(current, baseline.BaselineBook(config.baseline), None)
     results.set_topology([(a, b, str(path)) for (a, b), path in node.topology.pairs().items()])

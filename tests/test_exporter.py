@@ -43,7 +43,13 @@ from netmon.exposition.snapshot import (
     Snapshot,
 )
 from netmon.gpu import idle
-from netmon.gpu.linkhealth import LinkHealth, NvLinkReading, NvLinkThroughput, PcieReading
+from netmon.gpu.linkhealth import (
+    LinkHealth,
+    NvLinkReading,
+    NvLinkThroughput,
+    PcieReading,
+    marked_loaded,
+)
 from netmon.probe.build import build_spec
 from netmon.probe.spec import (
     PHASES,
@@ -349,7 +355,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
     pair_skips={("pairs", "gpu_busy_process"): 2},
     link_health=dataclasses.replace(_HEALTH, under_load=False, read_at=T0 + 30),
-    link_load=_HEALTH,
+    link_load=marked_loaded(_HEALTH, {0}),  # GPU 0 carried the pcie-path probe's traffic
     link_interval_s=30.0,
     link_read_errors=1,
     nvlink_per_link=True,

@@ -3,6 +3,8 @@ exporter: a reload that removes a pairs probe takes all of its series with it.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from netmon import baseline
 from netmon.exposition.collector import SnapshotPage
 from netmon.probe.pairs import PairOutcome
@@ -27,8 +29,10 @@ def pairs_lines(text: str) -> list[str]:
     ]
 
 
-def test_a_reload_that_removes_a_pairs_probe_removes_its_links_suspects_and_skips() -> None:
-    node = dgx_h100()
+def test_a_reload_that_removes_a_pairs_probe_removes_its_links_suspects_and_skips(
+    tmp_path: Path,
+) -> None:
+    node = dgx_h100(tmp_path)
     with_pairs = dgx_config()
     with_pairs = with_pairs.model_copy(update={"probes": (*(with_pairs.probes or ()), PAIRS)})
     current = CurrentConfig(with_pairs)

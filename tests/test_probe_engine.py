@@ -16,8 +16,10 @@ import pytest
 from netmon import bandwidth
 from netmon.bandwidth import OpName
 from netmon.probe.build import rank_wrappers
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import Launcher, run_probe
 from netmon.probe.spec import PhaseDeadlines, ProbeOutcome, ProbeSpec
+from netmon.probe.starting import base_env
 from tests.conftest import listening_ports, live_processes, shm_entries, wait_for
 
 OPS: list[OpName] = [
@@ -90,6 +92,64 @@ def test_dtypes_and_per_op_timing_and_chunks() -> None:
         assert (first.size_bytes, first.count, first.chunks) == (8, 4, 4)
         assert outcome.results[1].size_bytes == 64 << 10
         assert all(r.check_ok for r in outcome.results)
+
+
+# Stands for a C library writing to a rank's stdout during the probe, as NCCL does with no log
+# file: C stdio is fully buffered into a pipe, so it flushes whenever its buffer fills, in the
+# middle of a line. Here: unterminated bytes on descriptor 1 every millisecond, beneath Python's
+# sys.stdout, from the rank's start (spawned) or its fork (forked; never in the zygote itself).
+STDOUT_NOISE = """\
+import os, sys, threading, time
+
+def _noise():
+    try:
+        while True:
+            os.write(1, b"NCCL INFO a line cut short by a full buffer ")
+            time.sleep(0.001)
+    except OSError:
+        pass
+
+def _start():
+    threading.Thread(target=_noise, daemon=True).start()
+
+if "netmon.probe.worker" in sys.orig_argv:
+    _start()
+elif "netmon.probe.zygote" in sys.orig_argv:
+    os.register_at_fork(after_in_child=_start)
+"""
+
+
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_what_a_library_writes_to_a_ranks_stdout_cannot_corrupt_its_reports(
+    start: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(STDOUT_NOISE)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    zygote = Zygote(sys.executable, base_env()) if start == "fork" else None
+    spec = ProbeSpec(
+        sizes=(8, 64 << 10),
+        iters=5,
+        warmup=1,
+        check=True,
+        timeout=30,
+        deadlines=PhaseDeadlines().capped(30),
+    )
+    try:
+        launcher = Launcher(spec, zygote=zygote)
+        outcome = launcher.run()
+    finally:
+        if zygote is not None:
+            zygote.close()
+    assert outcome.ok, outcome.failure
+    assert (outcome.ranks_forked, outcome.fork_fallback) == (2 if zygote else 0, None)
+    assert [(r.size_bytes, r.samples, r.check_ok) for r in outcome.results] == [
+        (8, 5, True),
+        (64 << 10, 5, True),
+    ]
+    assert outcome.environment is not None and outcome.environment.torch
+    assert live_processes(launcher.pids) == []
 
 
 def _launch_in_thread(

@@ -195,6 +195,74 @@ def test_exit_status_follows_the_rows(
     assert err.strip() == "netmon: selftest stopped early: drill: OSError: no such file"
 
 
+# ---- a machine without a usable GPU, and a simulated one ----
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here")
+def test_without_a_usable_gpu_the_selftest_says_what_is_missing_instead_of_running_on_gloo() -> (
+    None
+):
+    done = subprocess.run([*NETMON, "selftest"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "no usable GPU: no NVIDIA driver loaded" in line and "--backend gloo" in line
+
+
+@pytest.mark.skipif(Path("/proc/driver/nvidia/version").exists(), reason="an NVIDIA driver here")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["selftest", "--backend", "nccl"],
+        ["probe", "--backend", "nccl"],
+        ["probe", "--backend", "nccl", "--ranks", "2"],
+    ],
+)
+def test_an_nccl_backend_without_a_gpu_is_one_line_naming_what_is_missing(argv: list[str]) -> None:
+    done = subprocess.run([*NETMON, *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode in (2, 3), done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "--backend nccl: no usable GPU: no NVIDIA driver loaded" in line, line
+    assert "Traceback" not in done.stderr and "got 0" not in line
+
+
+def test_torch_without_cuda_is_named_from_its_version_file() -> None:
+    from netmon.gpu.usable import torch_without_cuda
+
+    said = torch_without_cuda()
+    assert said is not None and "is a CPU build (torch.version.cuda is None)" in said
+
+
+def test_a_selftest_on_a_simulated_node_drills_zygote_ranks_through_the_daemons_readiness(
+    tmp_path: Path,
+) -> None:
+    node = dgx_h100(tmp_path / "node")
+    path = tmp_path / "report.json"
+    argv = ["selftest", "--simulate", str(node.path), "--ranks", "2", "--sizes", "1M"]
+    done = subprocess.run(
+        [*NETMON, *argv, "-q", "--report", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "NETMON_SIMULATE_RUN": str(node.run_dir)},  # keep its journal
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    document = json.loads(path.read_text())
+    assert document["simulated"] == str(node.path)
+    assert "SIMULATED node" in done.stdout
+    rows = {row["name"]: row for row in document["rows"]}
+    drilled = rows["drill preemption"]
+    assert drilled["status"] == "PASS", drilled
+    assert drilled["figures"]["seconds"] <= 1.5 and drilled["figures"]["ranks_forked"] == 2
+    assert "2 ranks forked by the rank zygote" in drilled["detail"]
+    assert rows["pinning"]["status"] == "PASS" and rows["rank zygote"]["status"] == "PASS"
+    assert rows["path nvls"]["status"] == "SKIP"  # 2 GPUs: NCCL 2.27 keeps NVLS off
+    assert {rows[f"memory {op}"]["status"] for op in OPS} == {"SKIP"}
+    # The drill's job opened GPU 0 like a CUDA job: NVML listed it there, next to the ranks.
+    jobs = [o for o in node.opened() if o["pid"] == drilled["figures"]["job_pid"]]
+    assert [o["uuid"] for o in jobs] == [node.uuid(0)]
+
+
 # ---- judgments ----
 
 
@@ -467,7 +535,7 @@ def test_the_gpu_sequence_with_probes_replayed(
         return outcome.model_copy(update=forked)
 
     monkeypatch.setattr(selftest_run, "run_probe", replay)
-    node = dgx_h100()
+    node = dgx_h100(tmp_path / "node")
     monkeypatch.setattr(
         selftest_run, "_telemetry_read", lambda: (node.link_health(False), node.read())
     )

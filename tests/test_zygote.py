@@ -4,8 +4,11 @@ fallbacks to spawning, and a zygote killed under a probe."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -20,6 +23,7 @@ from netmon.probe.launcher import Launcher
 from netmon.probe.processes import children_of, process_state
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.starting import base_env
+from netmon.probe.zygote import mapped_cuda_driver
 from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
 
 SMALL = ProbeSpec(backend="gloo", ranks=2, op="all_reduce", sizes=(8, 1024), iters=5, warmup=1)
@@ -175,7 +179,7 @@ def test_stopping_a_zygote_while_it_starts_does_not_wait_for_its_import(
 
 
 def test_a_zygote_refuses_to_fork_once_cuda_is_initialised(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Made to believe CUDA is initialised in it (no GPU here), the zygote forks nothing and
     the ranks are spawned: a fork after CUDA's initialisation would hand ranks a broken CUDA.
@@ -186,15 +190,84 @@ def test_a_zygote_refuses_to_fork_once_cuda_is_initialised(
         "import torch\ntorch.cuda.is_initialized = lambda: True\n"
     )
     monkeypatch.setenv("PYTHONPATH", str(site))
-    zygote = Zygote(sys.executable, base_env())
-    try:
-        outcome = Launcher(SMALL, zygote=zygote).run()
-        assert outcome.ok, outcome.failure
-        assert (outcome.ranks_forked, outcome.ranks_spawned) == (0, 2)
-        assert outcome.fork_fallback == "refused"
-        assert zygote.pid is not None and children_of(zygote.pid) == []
-    finally:
-        zygote.close()
+    assert_refused_and_said(caplog, "CUDA is initialised in the zygote")
+
+
+# Lines of /proc/PID/maps: torch's CUDA libraries are mapped in any CUDA build, the driver
+# (libcuda.so.1, a link to the versioned file) only once something loaded it.
+MAPS_WITHOUT_DRIVER = """\
+7f2a1c000000-7f2a1c200000 r-xp 00000000 08:01 1049 /opt/venv/lib/nvidia/lib/libcudart.so.12
+7f2a1d000000-7f2a1d400000 r--p 00000000 08:01 1050 /opt/venv/lib/torch/lib/libtorch_cuda.so
+7f2a1e000000-7f2a1e021000 rw-p 00000000 00:00 0
+7ffd5b1f0000-7ffd5b211000 rw-p 00000000 00:00 0                          [stack]
+"""
+DRIVER = "/usr/lib/x86_64-linux-gnu/libcuda.so.535.129.03"
+
+
+def test_the_cuda_driver_is_found_among_the_mapped_files() -> None:
+    assert mapped_cuda_driver(MAPS_WITHOUT_DRIVER) is None
+    assert mapped_cuda_driver("") is None
+    loaded = MAPS_WITHOUT_DRIVER + f"7f2a20000000-7f2a21000000 r-xp 00000000 08:01 77 {DRIVER}\n"
+    assert mapped_cuda_driver(loaded) == DRIVER
+    # A path with spaces, and a library replaced on disk since it was loaded, are still paths.
+    odd = "7f2a20000000-7f2a21000000 r-xp 00000000 08:01 77 /drivers/v 535/libcuda.so.1 (deleted)"
+    assert mapped_cuda_driver(odd) == "/drivers/v 535/libcuda.so.1 (deleted)"
+
+
+def test_a_zygote_with_the_cuda_driver_loaded_refuses_to_fork_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torch.cuda.is_available() loads and initialises the CUDA driver (cuInit) without
+    torch.cuda.is_initialized() saying so: the zygote looks for the driver library among its
+    mappings before every fork. A real shared object named libcuda.so.1 (empty: no GPU here),
+    preloaded into the zygote and its ranks alike, is mapped as the driver would be."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler to build a stand-in libcuda.so.1")
+    (tmp_path / "empty.c").write_text("")
+    driver = tmp_path / "libcuda.so.1"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", str(driver), str(tmp_path / "empty.c")],
+        check=True,
+        timeout=60,
+    )
+    monkeypatch.setenv("LD_PRELOAD", str(driver))
+    assert_refused_and_said(caplog, f"the CUDA driver is loaded in the zygote ({driver})")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
+
+
+def test_the_zygote_asks_nvml_and_not_the_driver_whether_cuda_is_there(
+    zygotes: list[Zygote],
+) -> None:
+    """Without PYTORCH_NVML_BASED_CUDA_CHECK=1, torch.cuda.is_available() and device_count()
+    initialise the driver to answer. It is the zygote's own: not part of what a rank's
+    environment is held against (zygote.env), so ranks still fork."""
+    zygote = new_zygote(zygotes)
+    outcome = Launcher(SMALL, zygote=zygote).run()
+    assert outcome.ok, outcome.failure
+    assert (outcome.ranks_forked, outcome.fork_fallback) == (2, None)
+    assert zygote.pid is not None
+    assert _environ(zygote.pid)["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in zygote.env
+
+
+def test_an_operators_thread_settings_do_not_stop_the_zygote_forking(
+    zygotes: list[Zygote], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more than one OpenMP thread in netmon's environment, loading torch's libraries would
+    leave the zygote a second thread (OpenBLAS starts its pool when loaded), and a process with
+    two threads must not fork: the zygote imports with one, each rank gets its own setting."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    zygote = new_zygote(zygotes)
+    outcome = Launcher(SMALL, zygote=zygote).run()
+    assert outcome.ok, outcome.failure
+    assert (outcome.ranks_forked, outcome.ranks_spawned, outcome.fork_fallback) == (2, 0, None)
+    assert zygote.pid is not None
+    assert len(os.listdir(f"/proc/{zygote.pid}/task")) == 1
 
 
 def test_a_zygote_killed_mid_probe_fails_it_by_name_and_the_next_run_works(
@@ -320,3 +393,19 @@ def test_the_daemon_survives_its_zygote_and_counts_it(
     assert daemon.stop(timeout=15) == 0
     assert daemon.tagged_processes() == []
     assert "Traceback" not in daemon.log()
+
+
+def assert_refused_and_said(caplog: pytest.LogCaptureFixture, said: str) -> None:
+    """A probe through a zygote started now: its ranks spawned, as the zygote refused to fork
+    them, and the reason logged."""
+    zygote = Zygote(sys.executable, base_env())
+    try:
+        with caplog.at_level(logging.WARNING, logger="netmon.probe"):
+            outcome = Launcher(SMALL, zygote=zygote).run()
+        assert outcome.ok, outcome.failure
+        assert (outcome.ranks_forked, outcome.ranks_spawned) == (0, 2)
+        assert outcome.fork_fallback == "refused"
+        assert zygote.pid is not None and children_of(zygote.pid) == []
+        assert said in caplog.text
+    finally:
+        zygote.close()

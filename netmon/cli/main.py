@@ -147,12 +147,44 @@ def build_parser() -> argparse.ArgumentParser:
     _add_daemon_parsers(commands)
     topo_command.add_parser(commands)
     selftest_command.add_parser(commands)
+    for name in SIMULATED_COMMANDS:
+        commands.choices[name].add_argument(
+            "--simulate",
+            type=Path,
+            metavar="NODE.json",
+            help="run on a simulated GPU node described by NODE.json (docs/SIMULATE.md): NVML "
+            "answers from the file, ranks run on gloo; every series says netmon_simulated 1",
+        )
     return parser
+
+
+# The commands that can run on a simulated GPU node.
+SIMULATED_COMMANDS = ("serve", "probe", "selftest", "topo")
+
+
+def _simulate(path: Path | None) -> None:
+    """Put this process (and every one it starts) on the simulated node of `path`."""
+    if path is None:
+        return
+    from netmon import sim
+
+    # A run directory named in the environment is kept (the journal of the GPUs ranks opened).
+    kept = os.environ.get(sim.ENV_RUN)
+    try:
+        node = sim.activate(path, Path(kept) if kept else None)
+    except sim.SimulationError as exc:
+        raise UsageError(str(exc)) from None
+    gpus = node.current().gpus
+    print(
+        f"netmon: SIMULATED node {path} ({len(gpus)} x {gpus[0].name}): no figure measures a GPU",
+        file=sys.stderr,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _simulate(getattr(args, "simulate", None))
         return int(args.handler(args))
     except UsageError as exc:
         print(f"netmon: {exc}", file=sys.stderr)

@@ -211,6 +211,7 @@ def _sizes(args: argparse.Namespace, backend: str) -> list[int] | str:
 
 def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...]]:
     from netmon.gpu.nvml import gpu_count
+    from netmon.gpu.usable import missing_for_nccl
 
     if args.ranks is not None and args.ranks < 1:
         raise UsageError(f"--ranks: must be >= 1 (got {args.ranks})")
@@ -225,8 +226,11 @@ def _resolve_backend(args: argparse.Namespace) -> tuple[str, int, tuple[str, ...
             f"netmon: no --backend given; using {backend} with {ranks} "
             f"{'GPU' if gpus else 'CPU'} ranks"
         )
+    if backend == "nccl":
+        # Said once every other flag is known to be valid (run), so a bad flag is still named.
+        args.nccl_missing = missing_for_nccl()
     if backend == "nccl" and not devices:
-        count = args.ranks or gpu_count()
+        count = args.ranks or gpu_count() or (2 if args.nccl_missing else 0)
         devices = tuple(str(i) for i in range(count))
     ranks = args.ranks or len(devices) or 2
     return backend, ranks, devices
@@ -375,6 +379,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--min-busbw: {exc}") from None
     request = _request(args)
     specs = request.specs()
+    if getattr(args, "nccl_missing", None):
+        raise UsageError(f"--backend nccl: no usable GPU: {args.nccl_missing}; or --backend gloo")
     if getattr(args, "announce", None):
         print(args.announce, file=sys.stderr)
     if args.pairs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from netmon import sim
 from netmon.bandwidth import DTYPE_SHORT
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
@@ -74,6 +75,9 @@ def table(outcome: ProbeOutcome) -> str:
             f"# host {env.host}, torch {env.torch or '?'}, nccl {env.nccl or '-'}, "
             f"devices {','.join(env.devices) or 'cpu'}"
         )
+    node = sim.active()
+    if node is not None:
+        lines.append(f"# SIMULATED node {node.path}: gloo on CPU ranks, no figure measures a GPU")
     lines.append("#" + _row([name for name, _, _ in _COLUMNS])[1:])
     lines.append("#" + _row([unit for _, unit, _ in _COLUMNS])[1:])
     lines.extend(_result_row(result) for result in outcome.results)

@@ -98,6 +98,22 @@ def _devices(args: argparse.Namespace, backend: str) -> tuple[str, ...]:
     return tuple(str(i) for i in range(args.ranks or found))
 
 
+def _require_gpu(explicit: bool) -> None:
+    """On a machine that cannot run NCCL, say what is missing in one line. Falling back to gloo
+    unasked would read as acceptance on a first GPU node whose driver or container is broken."""
+    from netmon.gpu.usable import missing_for_nccl
+
+    missing = missing_for_nccl()
+    if missing is None:
+        return
+    if explicit:
+        raise SelftestError(f"--backend nccl: no usable GPU: {missing}")
+    raise SelftestError(
+        f"no usable GPU: {missing}; --backend gloo runs the checks on CPU ranks, "
+        "--simulate NODE.json on a simulated GPU node"
+    )
+
+
 def _nccl_tests(given: str | None) -> str | None:
     if given is None:
         return shutil.which(BINARY)
@@ -108,13 +124,14 @@ def _nccl_tests(given: str | None) -> str | None:
 
 def plan_of(args: argparse.Namespace) -> Plan:
     """The plan the flags ask for; UsageError naming the flag when they cannot make one."""
-    from netmon.gpu.nvml import gpu_count
 
     if args.ranks is not None and args.ranks < 2:
         raise UsageError(
             f"--ranks: the selftest runs sendrecv, which needs 2 or more (got {args.ranks})"
         )
-    backend = args.backend or ("nccl" if gpu_count() else "gloo")
+    backend = args.backend or "nccl"
+    if backend == "nccl":
+        _require_gpu(explicit=args.backend is not None)
     devices = _devices(args, backend)
     if devices and args.ranks is not None and len(devices) != args.ranks:
         raise UsageError(f"--ranks: {args.ranks} ranks for {len(devices)} --devices")

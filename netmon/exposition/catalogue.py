@@ -256,6 +256,9 @@ CATALOGUE: tuple[Family, ...] = (
            " by the member they claimed to come from"),
     # daemon: the process itself
     Family("daemon", "netmon_paused", "gauge", "", (), "1 while the operator pause file exists"),
+    Family("daemon", "netmon_simulated", "gauge", "", (),
+           "1 when the daemon runs on a simulated GPU node (--simulate): ranks run on gloo, "
+           "NVML answers from a file, and no figure measures a GPU"),
     Family("daemon", "netmon_build_info", "info", "", ("version", "torch", "nccl"),
            "netmon, torch and NCCL versions"),
     Family("daemon", "netmon_config_last_reload_successful", "gauge", "", (),

@@ -242,7 +242,9 @@ def _pcie_families(
     width_max = family("netmon_pcie_link_width_max", snapshot)
     downtrain = family("netmon_pcie_link_downtrained", snapshot)
     replays = family("netmon_pcie_replay_errors", snapshot)
-    under_load = {pcie.gpu: pcie for pcie in (load.pcie if load is not None else ())}
+    # Only the GPUs that carried the pcie-path probe's traffic are judged on generation: the
+    # others idled at a power-saving generation, and have no such series.
+    under_load = {p.gpu: p for p in (load.pcie if load is not None else ()) if p.loaded}
     for pcie in health.pcie:
         gpu = str(pcie.gpu)
         for gauge, value in (
@@ -339,6 +341,8 @@ def group_families(snapshot: Snapshot) -> Iterator[Metric]:
 def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     paused = family("netmon_paused", snapshot)
     paused.add_metric([], 1.0 if snapshot.paused else 0.0)
+    simulated = family("netmon_simulated", snapshot)
+    simulated.add_metric([], 1.0 if snapshot.simulated else 0.0)
     build = family("netmon_build_info", snapshot)
     build.add_metric([snapshot.build.get(k, "") for k in ("version", "torch", "nccl")], 1.0)
     ok, failures, loaded_at = snapshot.config_reload
@@ -350,7 +354,7 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     reload_at.add_metric([], loaded_at)
     started = family("netmon_start_time_seconds", snapshot)
     started.add_metric([], snapshot.started_at)
-    yield from (paused, build, reload_ok, reload_failed, reload_at, started)
+    yield from (paused, simulated, build, reload_ok, reload_failed, reload_at, started)
     yield from _rank_start_families(snapshot)
 
 

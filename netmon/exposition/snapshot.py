@@ -131,6 +131,7 @@ class Snapshot:
     restored: tuple[VerdictPoint, ...] = ()
     probes: Mapping[str, ProbeStats] = field(default_factory=dict)
     paused: bool = False
+    simulated: bool = False  # on a simulated GPU node (--simulate): no figure measures a GPU
     build: Mapping[str, str] = field(default_factory=dict)
     started_at: float = 0.0
     links: tuple[LinkPoint, ...] = ()

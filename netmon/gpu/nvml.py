@@ -43,7 +43,10 @@ class NvmlUnavailable(IdleSourceError):
 def _session(nvml: Any = None) -> Iterator[Any]:
     """The pynvml module, initialised for the block and shut down after it (NVML counts its
     inits, so sessions may overlap). `nvml` is a stand-in for pynvml: tests pass one, as no GPU
-    exists where they run. NvmlUnavailable where NVML cannot be used."""
+    exists where they run. NvmlUnavailable where NVML cannot be used. On a simulated node
+    (`--simulate`), the stand-in answers from the node file (netmon.sim.nvml)."""
+    if nvml is None:
+        nvml = _simulated()
     if nvml is None:
         try:
             import pynvml
@@ -62,6 +65,20 @@ def _session(nvml: Any = None) -> Iterator[Any]:
         yield nvml
     finally:
         nvml.nvmlShutdown()
+
+
+def _simulated() -> Any:
+    from netmon import sim
+
+    try:
+        node = sim.active()
+    except sim.SimulationError as exc:
+        raise NvmlUnavailable(f"NVML unavailable: {exc}") from exc
+    if node is None:
+        return None
+    from netmon.sim.nvml import SimulatedNvml
+
+    return SimulatedNvml(node)
 
 
 def _asker(nv: Any) -> Callable[..., Any]:
@@ -261,6 +278,11 @@ def read_topology(nvml: Any = None) -> Topology:
     Raises NvmlUnavailable where NVML cannot be used. A GPU NVML cannot open is left out with a
     warning; a value NVML cannot give is unknown (N/A), never a guess.
     """
+    if nvml is None:
+        simulated = _simulated()
+        if simulated is not None:
+            # The node file's `nvidia-smi topo -m`, with the UUIDs and bus ids NVML gives.
+            return simulated.node.topology()  # type: ignore[no-any-return]
     # CPU ids can exceed the online count (offline or isolated CPUs): one spare word.
     cpu_words = ((os.cpu_count() or 1) + 63) // 64 + 1
     with _session(nvml) as nv:

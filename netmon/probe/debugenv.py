@@ -62,6 +62,7 @@ def debug_env(env: Mapping[str, str], log_file: str) -> dict[str, str]:
     wanted = {**env, **added}
     if not logs_transports(wanted.get("NCCL_DEBUG"), wanted.get("NCCL_DEBUG_SUBSYS")):
         # Not even the level is raised: the operator's subsystems leave the log partial, and
-        # NCCL writes to the rank's stdout, the launcher's channel, where its lines are dropped.
+        # NCCL writes to the rank's stdout, which goes to its stderr file (the launcher's channel
+        # is a descriptor of its own), and nothing is judged.
         return {}
     return {**added, "NCCL_DEBUG_FILE": log_file}

@@ -5,7 +5,9 @@ Never imports torch. The zygote is started on first use and again when it died; 
 fails is not retried for RETRY_AFTER_S, and every probe in between spawns its ranks (counted as
 a fallback, "unavailable"). A rank is forked only when everything that differs between its
 environment and the zygote's is read after the fork (LATE_PREFIXES), it has no wrapper command,
-and it runs on the zygote's interpreter; otherwise it is spawned, and the reason counted.
+and it runs on the zygote's interpreter; otherwise it is spawned, and the reason counted. A
+zygote that refuses a fork says why (its CUDA driver loaded, a second thread), and the reason is
+logged as well as counted ("refused").
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 from netmon.probe.processes import process_state
-from netmon.probe.zygote import MESSAGE_BYTES, send
+from netmon.probe.zygote import MESSAGE_BYTES, OWN_ENV, send
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,13 @@ class Session:
         self.lost = False
         self._replies: list[dict[str, Any]] = []
 
-    def fork(self, env: Mapping[str, str], stdin: int, stdout: int, stderr: int) -> int | str:
-        """The new rank's PID, or why the zygote refused."""
+    def fork(
+        self, env: Mapping[str, str], stdin: int, stdout: int, stderr: int, channel: int
+    ) -> int | str:
+        """The new rank's PID, or why the zygote refused. `channel` is the writing end of the
+        rank's channel to the launcher; the zygote names it in the rank's environment."""
         try:
-            send(self.sock, {"op": "fork", "env": dict(env)}, [stdin, stdout, stderr])
+            send(self.sock, {"op": "fork", "env": dict(env)}, [stdin, stdout, stderr, channel])
         except OSError as exc:
             self.lost = True
             raise ZygoteLost(str(exc)) from None
@@ -158,11 +163,11 @@ class Session:
 class ForkedRank:
     """A rank the zygote forked: the zygote is its parent and reaps it when the launcher asks."""
 
-    def __init__(self, session: Session, pid: int, stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    def __init__(self, session: Session, pid: int, stdin: IO[bytes], channel: IO[bytes]) -> None:
         self.session = session
         self.pid = pid
         self.stdin: IO[bytes] | None = stdin
-        self.stdout: IO[bytes] | None = stdout
+        self.channel: IO[bytes] | None = channel
 
     def exit_status(self) -> int | None:
         status = self.session.exit_status(self.pid)
@@ -206,6 +211,7 @@ class Zygote:
         self._closed = False
         self._cancel = cancel or threading.Event()
         self.reply_timeout_s = REPLY_TIMEOUT_S
+        self._refusals: set[str] = set()  # the reasons this zygote gave, each logged once
 
     @property
     def pid(self) -> int | None:
@@ -230,6 +236,20 @@ class Zygote:
                 finally:
                     theirs.close()
             return None
+
+    def refused(self, reason: str) -> None:
+        """Log why the zygote refused a fork: a warning the first time it gives a reason, since
+        every probe after it is refused alike (and counted) until it is started again. No lock:
+        a start under way holds it for as long as torch takes to import, and a race costs no
+        more than a second warning."""
+        first = reason not in self._refusals
+        self._refusals.add(reason)
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "rank zygote %s refused to fork (%s): ranks spawned",
+            self.pid,
+            reason,
+        )
 
     def close(self) -> None:
         """Ends the zygote (closing its channel ends it, and every rank it still has). A start
@@ -263,7 +283,7 @@ class Zygote:
                 [self.python, "-m", "netmon.probe.zygote", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                env=self.env,
+                env={**self.env, **OWN_ENV},
                 pass_fds=(theirs.fileno(),),
                 # Its own session: a terminal's Ctrl-C reaches the launcher, which then stops
                 # the ranks in order, not the zygote under it.
@@ -283,6 +303,7 @@ class Zygote:
         if ready is None:
             return self._failed("it did not report ready")
         self._failed_at = None
+        self._refusals.clear()
         self.starts += 1
         log.info("rank zygote %s started (torch %s)", ready.get("pid"), ready.get("torch"))
         if self.on_start is not None:

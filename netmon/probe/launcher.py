@@ -2,11 +2,11 @@
 
 The launcher never imports torch. Each rank is a fresh process in its own session (so a kill of
 its process group reaches anything it started): forked by the rank zygote when one is given
-(netmon.probe.forking), else a new interpreter. It talks to us over pipes: JSON lines on stdout,
-the rendezvous port on stdin. Any deadline passed, rank lost, zygote lost or abort request ends
-the whole group: SIGTERM (with SIGCONT, so a stopped rank can act on it), a short grace, SIGKILL,
-then every rank is reaped. Exits are seen without reaping (waitid(WNOWAIT), here or in the
-zygote), so no rank's PID can be reused before its group is killed.
+(netmon.probe.forking), else a new interpreter. It talks to us over pipes: JSON lines on a
+channel of its own (not stdout), the rendezvous port on stdin. Any deadline passed, rank lost,
+zygote lost or abort request ends the whole group: SIGTERM (and SIGCONT, so a stopped rank can
+act on it), a short grace, SIGKILL, then every rank is reaped. Exits are seen without reaping
+(waitid(WNOWAIT), here or in the zygote): no rank's PID can be reused before its group is killed.
 """
 
 from __future__ import annotations
@@ -195,8 +195,8 @@ class Launcher:
             entry = RankProcess(rank, proc, stderr_path, phase_since=now, last_heard=now)
             self._ranks.append(entry)
             self.pids.append(proc.pid)
-            assert proc.stdout is not None
-            os.set_blocking(proc.stdout.fileno(), False)
+            assert proc.channel is not None
+            os.set_blocking(proc.channel.fileno(), False)
             self._write(entry, {"spec": spec_json, "rank": rank})
         return None
 
@@ -213,8 +213,8 @@ class Launcher:
     def _supervise(self) -> ProbeFailure | None:
         selector = selectors.DefaultSelector()
         for entry in self._ranks:
-            assert entry.proc.stdout is not None
-            selector.register(entry.proc.stdout, selectors.EVENT_READ, entry)
+            assert entry.proc.channel is not None
+            selector.register(entry.proc.channel, selectors.EVENT_READ, entry)
         first_trouble: float | None = None
         try:
             while True:
@@ -249,14 +249,14 @@ class Launcher:
             self._write(entry, {"port": port})
 
     def _read(self, entry: RankProcess, selector: selectors.BaseSelector) -> None:
-        assert entry.proc.stdout is not None
+        assert entry.proc.channel is not None
         try:
-            chunk = os.read(entry.proc.stdout.fileno(), 65536)
+            chunk = os.read(entry.proc.channel.fileno(), 65536)
         except BlockingIOError:
             return
         if not chunk:
             entry.eof = True
-            selector.unregister(entry.proc.stdout)
+            selector.unregister(entry.proc.channel)
             return
         entry.last_heard = time.monotonic()
         entry.buffer += chunk
@@ -269,7 +269,7 @@ class Launcher:
         try:
             event = json.loads(line)
         except ValueError:
-            return  # stray output of a library; the protocol lines are always JSON
+            return  # never sent: the channel is the worker's alone (libraries write to stdout)
         kind = event.get("ev")
         now = time.monotonic()
         if kind == "hello":
@@ -464,7 +464,7 @@ class Launcher:
         # the KILL reaches only this probe's processes, including anything a rank started.
         self._signal_groups(signal.SIGKILL)
         for entry in self._ranks:
-            for stream in (entry.proc.stdin, entry.proc.stdout):
+            for stream in (entry.proc.stdin, entry.proc.channel):
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()

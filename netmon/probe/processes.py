@@ -14,16 +14,21 @@ from typing import IO, Any, Protocol
 from netmon.probe.spec import Phase
 
 STDERR_TAIL = 1500
+# The variable that gives a rank the number of its channel to the launcher: a pipe of its own for
+# the JSON lines, apart from stdout, where libraries write too (NCCL's log without a file of its
+# own), fully buffered into a pipe and so flushed in the middle of a line.
+CHANNEL_FD = "NETMON_CHANNEL_FD"
 
 
 class RankHandle(Protocol):
     """A started rank as the launcher holds it, however it was started: its PID (also its process
-    group's, as every rank leads its own session), its stdin and stdout, its exit status without
-    reaping it, and the reaping itself once its group has been killed."""
+    group's, as every rank leads its own session), its stdin and the reading end of its channel
+    (CHANNEL_FD), its exit status without reaping it, and the reaping itself once its group has
+    been killed."""
 
     pid: int
     stdin: IO[bytes] | None
-    stdout: IO[bytes] | None
+    channel: IO[bytes] | None
 
     def exit_status(self) -> int | None: ...
 
@@ -33,11 +38,11 @@ class RankHandle(Protocol):
 class SpawnedRank:
     """A rank started as a new interpreter (subprocess): the launcher is its parent."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], channel: IO[bytes]) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.stdin = proc.stdin
-        self.stdout = proc.stdout
+        self.channel: IO[bytes] | None = channel
 
     def exit_status(self) -> int | None:
         return exit_status(self.pid)
@@ -115,19 +120,23 @@ def stderr_tail(path: Path) -> str:
 
 
 def descendants_of(pid: int) -> list[int]:
-    """Children, their children and so on: with the rank zygote, the ranks are grandchildren."""
+    """Children, their children and so on: with the rank zygote, the ranks are grandchildren.
+    One pass over /proc, so a process that forks while it is read is seen or not, never half."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _parents().items():
+        children.setdefault(parent, []).append(child)
     found: list[int] = []
     parents = [pid]
     while parents:
-        children = [c for parent in parents for c in children_of(parent)]
-        found += children
-        parents = children
+        level = [c for parent in parents for c in children.get(parent, ())]
+        found += level
+        parents = level
     return found
 
 
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc; a rank in its own session still counts)."""
-    found = []
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc/PID/stat (a process gone while read is left out)."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -135,9 +144,13 @@ def children_of(pid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
+        parents[int(entry.name)] = int(fields[1])
+    return parents
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc; a rank in its own session still counts)."""
+    return [child for child, parent in _parents().items() if parent == pid]
 
 
 def slowest_span(ranks: list[RankProcess], since: str | None, until: str) -> float | None:

@@ -1,6 +1,11 @@
 """How a rank process starts: forked by the rank zygote where it can be (netmon.probe.forking),
 else spawned as a new interpreter, each in its own session. One RankStarter per probe: it holds
-the probe's zygote session and the first reason any of its ranks had to be spawned."""
+the probe's zygote session and the first reason any of its ranks had to be spawned.
+
+Either way a rank gets the same descriptors: stdin from the launcher (the spec, the rendezvous
+port), stdout and stderr into its stderr file, and its channel to the launcher, a pipe of its own
+named by CHANNEL_FD. Its JSON lines never share stdout, where libraries write as they please (NCCL
+logs there when its log has no file, fully buffered into a pipe, so flushed mid-line)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import IO
 
 import netmon
 from netmon.probe.forking import ForkedRank, Session, Zygote, ZygoteLost, early_variable
-from netmon.probe.processes import RankHandle, SpawnedRank, process_state
+from netmon.probe.processes import CHANNEL_FD, RankHandle, SpawnedRank, process_state
 from netmon.probe.spec import ProbeSpec
 
 
@@ -46,16 +51,24 @@ class RankStarter:
             self.session.close()
 
     def _spawn(self, rank: int, env: dict[str, str], stderr: IO[bytes]) -> RankHandle:
-        proc = subprocess.Popen(
-            self.command(rank),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-        return SpawnedRank(proc)
+        channel_r, channel_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                self.command(rank),
+                stdin=subprocess.PIPE,
+                stdout=stderr,
+                stderr=stderr,
+                env={**env, CHANNEL_FD: str(channel_w)},
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(channel_w,),  # the same number in the rank (and through its wrapper)
+            )
+        except BaseException:
+            os.close(channel_r)
+            raise
+        finally:
+            os.close(channel_w)
+        return SpawnedRank(proc, os.fdopen(channel_r, "rb"))
 
     def _fork(self, rank: int, env: dict[str, str], stderr: int) -> RankHandle | None:
         """The rank forked by the zygote, or None (the reason noted) where it must be spawned."""
@@ -69,20 +82,22 @@ class RankStarter:
             return None
         assert self.session is not None
         stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
+        channel_r, channel_w = os.pipe()
         try:
-            pid = self.session.fork(env, stdin_r, stdout_w, stderr)
+            pid = self.session.fork(env, stdin_r, stderr, stderr, channel_w)
         except ZygoteLost:
             pid = "unavailable"
         finally:
             os.close(stdin_r)
-            os.close(stdout_w)
+            os.close(channel_w)
         if isinstance(pid, str):
             os.close(stdin_w)
-            os.close(stdout_r)
+            os.close(channel_r)
+            if pid != "unavailable":
+                self.zygote.refused(pid)
             self.fallback = self.fallback or ("refused" if pid != "unavailable" else pid)
             return None
-        return ForkedRank(self.session, pid, os.fdopen(stdin_w, "wb"), os.fdopen(stdout_r, "rb"))
+        return ForkedRank(self.session, pid, os.fdopen(stdin_w, "wb"), os.fdopen(channel_r, "rb"))
 
     def _why_not_fork(self, rank: int, env: dict[str, str]) -> str | None:
         assert self.zygote is not None

@@ -3,8 +3,10 @@
 Run as `python -m netmon.probe.worker`, or forked by the rank zygote (netmon.probe.zygote, the
 one other module that imports torch, and never touches CUDA). The launcher writes one JSON line on
 stdin (the spec and this rank's number) and, for ranks other than 0, a second line with the
-rendezvous port that rank 0's store bound. The rank answers with JSON lines on stdout: phases,
-heartbeats, results, its peak memory, errors. This is the only netmon module that may touch CUDA.
+rendezvous port that rank 0's store bound. The rank answers with JSON lines on its channel, the
+descriptor that NETMON_CHANNEL_FD names: phases, heartbeats, results, its peak memory, errors.
+Never on stdout, which NCCL and other libraries write to. This is the only netmon module that may
+touch CUDA.
 """
 
 from __future__ import annotations
@@ -17,16 +19,34 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import IO, Any
 
 from netmon.bandwidth import Buffers, buffers_for
 from netmon.listen import listen_on
 from netmon.probe import cpushare
+from netmon.probe.processes import CHANNEL_FD, is_loopback
 from netmon.probe.spec import Phase, ProbeSpec
+from netmon.sim import rank as sim_rank
 
 HEARTBEAT_S = 0.5
+
+
+def open_channel(environ: Mapping[str, str]) -> IO[str]:
+    """The channel to the launcher, which it named in the environment. A descriptor of its own:
+    on stdout, a library's output (NCCL's log, which C stdio buffers fully into a pipe and so
+    flushes in the middle of a line) could land inside one of our lines."""
+    try:
+        fd = int(environ[CHANNEL_FD])
+        os.set_inheritable(fd, False)  # nothing the rank starts may hold it open
+        return open(fd, "w", encoding="utf-8")
+    except (KeyError, ValueError, OSError) as exc:
+        raise SystemExit(
+            f"netmon.probe.worker: no channel to the launcher ({CHANNEL_FD}="
+            f"{environ.get(CHANNEL_FD)!r}: {exc}); it runs under netmon's launcher, and a"
+            " rank_wrapper must leave inherited descriptors open"
+        ) from None
 
 
 class Channel:
@@ -62,6 +82,7 @@ class Rank:
         self.world = spec.ranks
         self.channel = channel
         self.phase: Phase = "spawn"
+        self.simulated = False  # on a simulated GPU node (netmon.sim): gloo, capped buffers
 
     def enter(self, phase: Phase, **fields: Any) -> None:
         self.phase = phase
@@ -122,6 +143,8 @@ class Rank:
 
     def _init(self, torch: Any, dist: Any, store: Any) -> Any:
         timeout = timedelta(seconds=self.spec.deadlines.init)
+        if self.spec.backend == "nccl" and (gpu := sim_rank.open_gpu(os.environ)) is not None:
+            return self._init_simulated(dist, store, timeout, gpu)
         if self.spec.backend == "nccl":
             # CUDA_VISIBLE_DEVICES pins exactly one GPU to this process.
             device = torch.device("cuda", 0)
@@ -141,9 +164,23 @@ class Rank:
             )
         return device
 
+    def _init_simulated(self, dist: Any, store: Any, timeout: timedelta, gpu: str) -> Any:
+        """On a simulated node (`--simulate`): registered on `gpu`, where CUDA would have made
+        its context, the rank runs the collectives on gloo over loopback."""
+        import torch
+
+        self.simulated = True
+        self.channel.send("gpu", uuid=gpu)
+        if is_loopback(self.spec.host):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(
+            "gloo", store=store, rank=self.rank, world_size=self.world, timeout=timeout
+        )
+        return torch.device("cpu")
+
     def _report_environment(self, torch: Any) -> None:
-        nccl = None
-        if self.spec.backend == "nccl":
+        nccl = sim_rank.nccl_version() if self.spec.backend == "nccl" else None
+        if self.spec.backend == "nccl" and nccl is None:
             version = torch.cuda.nccl.version()
             nccl = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
         self.channel.send(
@@ -158,7 +195,11 @@ class Rank:
         spec = self.spec
         chunk_bytes = max(1, size // spec.chunks)
         buffers = buffers_for(spec.op, chunk_bytes, self.world, spec.dtype)
-        collective = Collective(torch, dist, spec, self.rank, device, buffers)
+        carried = buffers
+        if self.simulated:
+            # Reported as the GPU would carry it, so every series has its real labels.
+            carried = buffers_for(spec.op, sim_rank.carried(chunk_bytes), self.world, spec.dtype)
+        collective = Collective(torch, dist, spec, self.rank, device, carried)
         self.enter("warmup", size=size)
         for _ in range(spec.warmup):
             collective.run(spec.chunks)
@@ -391,7 +432,7 @@ class Collective:
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    channel = Channel(sys.stdout)
+    channel = Channel(open_channel(os.environ))
     threading.Thread(target=_heartbeat, args=(channel, os.getppid()), daemon=True).start()
     rank_obj: Rank | None = None
     try:
@@ -410,7 +451,7 @@ def main() -> None:
         )
         sys.stdout.flush()
         os._exit(1)
-    sys.stdout.flush()
+    sys.stdout.flush()  # into the rank's stderr file: the channel is not stdout
     # Skip interpreter teardown: torch's atexit hooks can hang after the group is destroyed.
     os._exit(0)
 

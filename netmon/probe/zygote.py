@@ -4,20 +4,21 @@ each probe, so a probe no longer pays a torch import per rank.
 Run as `python -m netmon.probe.zygote FD` by netmon.probe.forking; FD is its end of a Unix
 socketpair with its parent, its only channel (never a port). Over it the parent opens one session
 per probe, a socketpair of its own; on a session it asks for ranks (each with its environment and
-its stdin, stdout and stderr as descriptors), hears their exits, and asks for each to be reaped
-once it has killed the rank's group. A rank is reaped only when asked, so its PID (and process
-group) cannot be reused while its launcher may still signal it.
+its stdin, stdout, stderr and channel to the launcher as descriptors), hears their exits, and asks
+for each to be reaped once it has killed the rank's group. A rank is reaped only when asked, so
+its PID (and process group) cannot be reused while its launcher may still signal it.
 
-What a forked rank inherits is torch imported and nothing more: CUDA is never initialised here
-(checked before every fork, which is refused otherwise), the zygote has one thread, and the rank
-sets its whole environment before the worker starts, so NCCL and the CUDA context start in the
-rank, after CUDA_VISIBLE_DEVICES. A closed session kills and reaps what is left of it; a closed
-parent channel ends the zygote, killing every rank first.
+What a forked rank inherits is torch imported and nothing more: CUDA is never initialised here,
+nor its driver library even loaded (both checked before every fork, which is refused otherwise),
+the zygote has one thread, and the rank sets its whole environment before the worker starts, so
+NCCL and the CUDA context start in the rank, after CUDA_VISIBLE_DEVICES. A closed session kills
+and reaps what is left of it; a closed parent channel ends the zygote, killing every rank first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import json
 import os
@@ -27,11 +28,27 @@ import socket
 import sys
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from netmon.probe.processes import CHANNEL_FD
+
 MESSAGE_BYTES = 1 << 20
-MAX_FDS = 3  # a rank's stdin, stdout and stderr
+MAX_FDS = 4  # a rank's stdin, stdout, stderr and channel to the launcher
 EXIT_BOOTSTRAP = 70  # a forked rank that failed before the worker ran
+# What the zygote runs with over the ranks' environment (netmon.probe.forking adds it; a rank's
+# environment is its own). Unless PYTORCH_NVML_BASED_CUDA_CHECK is 1, torch.cuda.is_available()
+# and device_count() initialise the CUDA driver to answer, which is_initialized() does not show
+# (pytorch/pytorch#55643). One thread in each pool that loading torch may start: OpenBLAS starts
+# its own when loaded (numpy's, sized by OPENBLAS_NUM_THREADS or else OMP_NUM_THREADS), and a
+# zygote with a second thread must not fork. A rank applies its own OMP_NUM_THREADS after the fork.
+OWN_ENV = {
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+DRIVER_LIBRARY = "libcuda.so"  # libcuda.so.1 links to the versioned file, which is what is mapped
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -133,6 +150,11 @@ class Zygote:
 
     def _refusal(self) -> str | None:
         """Why a fork now would give a rank a broken inheritance, if it would."""
+        # The driver first: whoever loaded it (is_available() without NVML, a library) may have
+        # initialised it, and a child of a process with an initialised driver cannot use CUDA.
+        driver = mapped_cuda_driver(Path("/proc/self/maps").read_text())
+        if driver is not None:
+            return f"the CUDA driver is loaded in the zygote ({driver})"
         if self.torch.cuda.is_initialized():
             return "CUDA is initialised in the zygote"
         threads = len(os.listdir("/proc/self/task"))
@@ -141,7 +163,7 @@ class Zygote:
         return None
 
     def _fork(self, session: _Session, message: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        refusal = self._refusal() if len(fds) == MAX_FDS else "a rank needs 3 descriptors"
+        refusal = self._refusal() if len(fds) == MAX_FDS else f"a rank needs {MAX_FDS} descriptors"
         if refusal is not None:
             for fd in fds:
                 os.close(fd)
@@ -165,7 +187,9 @@ class Zygote:
                 sock.close()
             os.close(self.wake_r)
             os.close(self.wake_w)
-            for target, fd in enumerate(fds):
+            # The channel above 0-2 first, where no dup2 below can overwrite it.
+            channel = fcntl.fcntl(fds[3], fcntl.F_DUPFD_CLOEXEC, 3)
+            for target, fd in enumerate(fds[:3]):
                 os.dup2(fd, target)
             for fd in set(fds) - {0, 1, 2}:
                 os.close(fd)
@@ -173,6 +197,7 @@ class Zygote:
             # when the rank initialises them, which is after this.
             os.environ.clear()
             os.environ.update(message["env"])
+            os.environ[CHANNEL_FD] = str(channel)
             sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
             sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
@@ -233,6 +258,15 @@ class Zygote:
     def _shutdown(self) -> None:
         for session in list(self.sessions.values()):
             self._close(session)
+
+
+def mapped_cuda_driver(maps: str) -> str | None:
+    """The CUDA driver library's path among a process's mappings (/proc/PID/maps), if there."""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
+        if len(fields) == 6 and os.path.basename(fields[5]).startswith(DRIVER_LIBRARY):
+            return fields[5]
+    return None
 
 
 def _status(pid: int) -> int | None:

@@ -18,11 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from netmon import sim
 from netmon.config import NetmonConfig
 from netmon.gpu.idle import GpuReading, IdleSource
+from netmon.probe.forking import Zygote
 from netmon.probe.launcher import Launcher
 from netmon.probe.processes import stderr_tail
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.probe.starting import base_env
 from netmon.selftest.checks import Row, Status
 from netmon.serve.current import CurrentConfig
 from netmon.serve.readiness import DeviceLocks, Readiness, device_keys
@@ -59,10 +62,22 @@ class JobCommand:
     ready_timeout: float = 180.0  # `import torch` and a CUDA context on a busy node
 
 
+# The same job on a simulated node (`--simulate`): it opens its GPU as a rank there does, so the
+# simulated NVML lists it on that GPU for as long as it runs.
+_SIMULATED_JOB = (
+    "import os, sys, time\n"
+    "from netmon.sim.rank import open_gpu\n"
+    "open_gpu(os.environ)\n"
+    "print('cuda context ready', flush=True)\n"
+    "time.sleep(float(sys.argv[1]))\n"
+)
+
+
 def cuda_job(gpu: str, python: str = sys.executable) -> JobCommand:
     """A process holding a CUDA context on `gpu` (a UUID, or an index in PCI bus order)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    return JobCommand((python, "-c", _CUDA_JOB, str(JOB_LIFE_S)), env, says_ready=True)
+    script = _SIMULATED_JOB if sim.active() is not None else _CUDA_JOB
+    return JobCommand((python, "-c", script, str(JOB_LIFE_S)), env, says_ready=True)
 
 
 def sleep_job() -> JobCommand:
@@ -250,7 +265,11 @@ def run_drill(
     while True:
         with readiness.claim(device_keys(spec), watched, lock_timeout=10.0) as decision:
             if decision.ready:
-                return _drill(result, spec, readiness, watched, command, stand_in)
+                # Ranks forked by a rank zygote, as the daemon starts them: grandchildren of
+                # this process, which the readiness decision must still count as its own. The
+                # zygote ends after the probe (closing it ends every rank it still has).
+                with contextlib.closing(Zygote(sys.executable, base_env())) as zygote:
+                    return _drill(result, spec, readiness, watched, command, stand_in, zygote)
         if time.monotonic() >= deadline:
             return replace(result, skip=f"GPU not idle before the drill: {decision.detail}")
         time.sleep(1.0)
@@ -263,10 +282,13 @@ def _drill(
     watched: Sequence[str],
     command: JobCommand,
     stand_in: SimulatedGpu | None,
+    zygote: Zygote,
 ) -> DrillResult:
     """The drill on claimed devices. The job is killed afterwards, always."""
     measuring = _Measuring(spec.ranks)
-    launcher = Launcher(spec, abort=readiness.abort_check(watched), on_event=measuring.on_event)
+    launcher = Launcher(
+        spec, abort=readiness.abort_check(watched), on_event=measuring.on_event, zygote=zygote
+    )
     box: list[ProbeOutcome] = []
     runner = threading.Thread(target=lambda: box.append(launcher.run()), daemon=True)
     runner.start()
@@ -311,11 +333,13 @@ def drill_row(result: DrillResult) -> Row:
     """PASS when the probe was stopped as preempted and its ranks were gone within GOAL_S."""
     name = "drill preemption" + (" (simulated)" if result.simulated else "")
     goal = f"<= {GOAL_S:g} s"
-    where = (
-        f"a sleep process (PID {result.job_pid}) that a stand-in for NVML lists on GPU {result.gpu}"
-        if result.simulated
-        else f"a CUDA job (PID {result.job_pid}) holding a context on GPU {result.gpu}"
-    )
+    if result.simulated:
+        where = f"a sleep process (PID {result.job_pid}) that a stand-in for NVML lists on GPU "
+    elif sim.active() is not None:
+        where = f"a job (PID {result.job_pid}) that opened the simulated node's GPU "
+    else:
+        where = f"a CUDA job (PID {result.job_pid}) holding a context on GPU "
+    where += result.gpu
     if result.skip is not None:
         return Row("drill", name, "SKIP", "", goal, result.skip)
     outcome = result.outcome
@@ -323,11 +347,13 @@ def drill_row(result: DrillResult) -> Row:
     if result.problem is not None:
         ended = f"; the probe: {failure.describe()}" if failure is not None else ""
         return Row("drill", name, "FAIL", "", goal, result.problem + ended)
+    forked = outcome.ranks_forked if outcome is not None else 0
     figures = {
         "seconds": result.seconds,
         "goal_seconds": GOAL_S,
         "simulated": result.simulated,
         "job_pid": result.job_pid,
+        "ranks_forked": forked,
     }
     if result.seconds is None:
         detail = f"ranks still running {GIVE_UP_S:g} s after {where} started"
@@ -338,5 +364,12 @@ def drill_row(result: DrillResult) -> Row:
         detail = f"the ranks ended, but not as preempted: {how}"
         return Row("drill", name, "FAIL", measured, goal, detail, figures)
     status: Status = "PASS" if result.seconds <= GOAL_S else "FAIL"
-    detail = f"stopped as preempted; timed from {where} until every rank was gone"
+    started = (
+        f"{forked} ranks forked by the rank zygote"
+        if forked
+        else f"ranks spawned ({outcome.fork_fallback or 'no zygote'})"
+        if outcome is not None
+        else "no rank"
+    )
+    detail = f"stopped as preempted; timed from {where} until every rank was gone; {started}"
     return Row("drill", name, status, measured, goal, detail, figures)

@@ -29,6 +29,7 @@ class Report:
     environment: Mapping[str, Any] = field(default_factory=dict)
     ratios: tuple[SizeRatio, ...] = ()  # all_reduce against all_reduce_perf, per size
     error: str | None = None  # why the selftest stopped before its end
+    simulated: str | None = None  # the node file of a simulated node (--simulate)
 
     @property
     def verdict(self) -> str:
@@ -59,9 +60,11 @@ def _heading(report: Report) -> str:
         f"{name} {env[key]}" for key, name in (("torch", "torch"), ("nccl", "NCCL")) if env.get(key)
     )
     sizes = ",".join(format_size(s) for s in report.sizes)
-    return f"netmon selftest: {report.backend}, {report.ranks} ranks on {on}, sizes {sizes}" + (
-        f" ({versions})" if versions else ""
-    )
+    heading = f"netmon selftest: {report.backend}, {report.ranks} ranks on {on}, sizes {sizes}"
+    heading += f" ({versions})" if versions else ""
+    if report.simulated is not None:
+        heading += f"\nSIMULATED node {report.simulated}: a rehearsal, no figure measures a GPU"
+    return heading
 
 
 def _ratio_table(ratios: Sequence[SizeRatio]) -> list[str]:
@@ -102,4 +105,5 @@ def document(report: Report) -> dict[str, Any]:
         "rows": [row.as_dict() for row in report.rows],
         "nccl_tests": [r.as_dict() for r in report.ratios],
         "error": report.error,
+        "simulated": report.simulated,
     }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import netmon
+from netmon import sim
 from netmon.bandwidth import OPS
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import one_line
@@ -183,6 +184,11 @@ class _Selftest:
             self.add(drill.drill_row(drill.run_drill(spec, readiness, spec.devices, command)))
 
     def run_memory(self) -> None:
+        if self.plan.backend == "nccl" and sim.active() is not None:
+            for op in OPS:
+                why = "a simulated node: its ranks hold host memory, no GPU's"
+                self.add(skipped("memory", f"memory {op}", why))
+            return
         if self.plan.backend == "nccl":
             for op in OPS:
                 outcome = self.ops.get(op)
@@ -314,4 +320,10 @@ def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
         environment=environment(test.ops, plan.topology),
         ratios=test.ratios,
         error=error,
+        simulated=_simulated_node(),
     )
+
+
+def _simulated_node() -> str | None:
+    node = sim.active()
+    return None if node is None else str(node.path)

@@ -103,8 +103,15 @@ def _kubelet_guard(
     # Always in place, passing readings through while idle.kubelet_socket is unset, so that a
     # reload can turn the kubelet's answer on or off. POD_NAME/POD_NAMESPACE come from the
     # downward API: GPUs given to netmon's own pod are not a job's.
+    from netmon import sim
     from netmon.gpu.kubelet import KubeletGuard, own_pod
 
+    node = sim.active()
+    if node is not None:
+        # The node file's pods, answered to the same guard as the kubelet's would be.
+        from netmon.sim.kubelet import simulated_guard
+
+        return simulated_guard(source, policy, node, own_pod(os.environ))
     return KubeletGuard(source, policy, own_pod(os.environ))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from netmon.gpu import idle
 from netmon.probe.launcher import AbortCheck
-from netmon.probe.processes import children_of
+from netmon.probe.processes import descendants_of
 from netmon.probe.spec import ProbeSpec
 from netmon.serve.current import CurrentConfig
 from netmon.serve.pausing import Pause, read_pause
@@ -22,7 +22,7 @@ from netmon.topology.model import Topology
 
 # How often a running probe re-reads NVML for foreign processes (the pause file is checked at
 # every launcher poll, as a stat is cheap).
-FOREIGN_CHECK_S = 1.0
+FOREIGN_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -277,5 +277,7 @@ def first_reason(reasons: Iterable[str]) -> str:
 
 
 def own_processes() -> set[int]:
-    """This process and its children: rank processes (in their own sessions, but still ours)."""
-    return {os.getpid(), *children_of(os.getpid())}
+    """This process and every process it started, however deep: rank processes are forked by
+    the rank zygote (grandchildren), and each runs in a session of its own, but all are ours.
+    NVML lists a rank among its GPU's processes as soon as it holds a CUDA context."""
+    return {os.getpid(), *descendants_of(os.getpid())}

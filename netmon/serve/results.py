@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 import netmon
-from netmon import baseline
+from netmon import baseline, sim
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.catalogue import FORK_FALLBACK_REASONS, RANK_START_METHODS
 from netmon.exposition.snapshot import (
@@ -67,6 +67,7 @@ class Results:
         self._tallies = {p.name: _Tally() for p in config.probes or ()}
         self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
         self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
+        self._simulated = sim.active() is not None
         self._started_at = time.time()
         self._pairs = PairRecord(config)
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
@@ -356,6 +357,7 @@ class Results:
             restored=restored,
             probes=probes,
             build=dict(self._build),
+            simulated=self._simulated,
             started_at=self._started_at,
             links=self._pairs.links,
             suspect_gpus=dict(self._pairs.suspect_gpus),

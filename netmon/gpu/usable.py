@@ -1,0 +1,61 @@
+"""Whether this machine can run NCCL probes at all: an NVIDIA driver, NVML that lists GPUs, and a
+torch built with CUDA. Read without importing torch or creating a CUDA context, so the daemon and
+the commands can ask before they start anything; the answer names the first part missing."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from netmon import sim
+
+_DRIVER = Path("/proc/driver/nvidia/version")
+_DEVICE = Path("/dev/nvidiactl")
+# torch/version.py, written when torch is built: `cuda: Optional[str] = '12.4'`, or None in a
+# CPU build (older releases leave out the annotation).
+_CUDA_LINE = re.compile(r"^cuda(?:\s*:[^=]*)?=\s*(?P<value>.+?)\s*$", re.MULTILINE)
+
+
+def missing_for_nccl() -> str | None:
+    """What keeps NCCL probes from running here, in one phrase; None when nothing does (or on a
+    simulated node, where the node file stands for driver and NVML and ranks run on gloo)."""
+    if sim.active() is not None:
+        return None
+    if not (_DRIVER.exists() or _DEVICE.exists()):
+        return f"no NVIDIA driver loaded ({_DRIVER} and {_DEVICE} are missing)"
+    nvml = _nvml_gpus()
+    if nvml is not None:
+        return nvml
+    return torch_without_cuda()
+
+
+def _nvml_gpus() -> str | None:
+    from netmon.gpu.idle import IdleSourceError
+    from netmon.gpu.nvml import _session
+
+    try:
+        with _session() as nv:
+            count = int(nv.nvmlDeviceGetCount())
+    except IdleSourceError as exc:
+        return str(exc)
+    except Exception as exc:  # NVMLError on the count: a driver that lost its GPUs
+        return f"NVML answers no GPU count: {exc}"
+    return None if count else "NVML lists no GPU (in a container: is the GPU passed in?)"
+
+
+def torch_without_cuda() -> str | None:
+    """Why the installed torch cannot run NCCL ranks; None for a CUDA build."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return "torch is not installed"
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return None  # no way to tell without importing it: let the ranks say
+    found = _CUDA_LINE.search(text)
+    if found is None or found.group("value") not in ("None", "''", '""'):
+        return None
+    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.MULTILINE)
+    built = f"torch {version.group(1)}" if version else "torch"
+    return f"{built} is a CPU build (torch.version.cuda is None): install a CUDA build of torch"

@@ -1,0 +1,196 @@
+"""The simulated GPU node itself (netmon.sim): the node file's contract, CUDA's enumeration, rank
+registration, and the NVML answers netmon's own readers get from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from netmon import sim
+from netmon.probe.processes import process_state
+from netmon.sim.node import SimulationError, load_node_file
+from tests.conftest import wait_for
+from tests.gpu_node import FIXTURES, SimNode, dgx_h100, mixed_models
+
+NODES = FIXTURES / "nodes"
+
+
+def test_the_shipped_dgx_node_reads_as_eight_nvlinked_h100s() -> None:
+    node, topology = load_node_file(NODES / "dgx-h100.json")
+    assert len(node.gpus) == 8 and node.nvswitch
+    assert [g.uuid for g in topology.gpus] == [g.uuid for g in node.gpus]
+    assert {str(p) for p in topology.pairs().values()} == {"NV18"}
+    assert [g.numa for g in topology.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda d: d.pop("gpus"), "gpus: Field required"),
+        (lambda d: d["gpus"][0].update(uuid="0b7f"), "gpus.0.uuid: String should match"),
+        (lambda d: d["gpus"].pop(), "gpus: 7 listed, the topology shows 8"),
+        (lambda d: d.update(processes=[{"gpu": "GPU-nope", "pid": 1}]), "is not one of gpus"),
+        (lambda d: d["gpus"][0].update(nvlinks_down=[18]), "nvlinks_down names a link >= "),
+        (lambda d: d.update(topology="absent.txt"), "topology: "),
+        (lambda d: d.update(gpu=[]), "gpu: Extra inputs are not permitted"),
+    ],
+)
+def test_a_bad_node_file_is_one_line_naming_the_field(
+    tmp_path: Path, change: object, said: str
+) -> None:
+    document = json.loads((NODES / "dgx-h100.json").read_text())
+    document["topology"] = str(NODES / document["topology"])
+    change(document)  # type: ignore[operator]
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(SimulationError) as raised:
+        load_node_file(path)
+    message = str(raised.value)
+    assert said in message and "\n" not in message, message
+    assert message.startswith(f"--simulate: {path}")
+
+
+def test_the_commands_refuse_a_bad_node_file_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "node.json"
+    path.write_text("{")
+    for command in ("serve", "probe", "selftest", "topo"):
+        done = subprocess.run(
+            [sys.executable, "-m", "netmon", command, "--simulate", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, (command, done.stderr)
+        assert done.stderr.startswith("netmon: --simulate: ") and done.stderr.count("\n") == 1
+
+
+def test_cuda_enumerates_as_the_runtime_documents(tmp_path: Path) -> None:
+    node = mixed_models(tmp_path).sim
+    uuid = [g.uuid for g in node.current().gpus]
+    device = node.cuda_device
+    assert device({}).uuid == uuid[1]  # fastest first: the A6000
+    assert device({"CUDA_VISIBLE_DEVICES": "0"}).uuid == uuid[1]
+    assert device({"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}).uuid == uuid[0]
+    assert device({"CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}).uuid == uuid[1]
+    assert device({"CUDA_VISIBLE_DEVICES": f"{uuid[2]},0"}).uuid == uuid[2]
+    assert device({"CUDA_VISIBLE_DEVICES": uuid[2][:12]}).uuid == uuid[2]  # a unique prefix
+    for nothing in ("", "7", "GPU-mixd", "GPU-ffff", "-1,0"):  # "GPU-mixd" names all three
+        with pytest.raises(RuntimeError, match="no CUDA-capable device"):
+            device({"CUDA_VISIBLE_DEVICES": nothing})
+
+
+def test_a_gpu_in_mig_mode_is_not_opened(tmp_path: Path) -> None:
+    node = dgx_h100(tmp_path, mig=[6])
+    with pytest.raises(RuntimeError, match="MIG mode"):
+        node.sim.cuda_device({"CUDA_VISIBLE_DEVICES": node.uuid(6)})
+
+
+def test_a_registered_process_is_listed_until_it_exits_and_a_zombie_is_not(
+    tmp_path: Path,
+) -> None:
+    node = dgx_h100(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        node.sim.register(node.uuid(2), child.pid, {"CUDA_VISIBLE_DEVICES": node.uuid(2)})
+        assert node.ranks_on(2) == [child.pid]
+        (reading,) = [r for r in node.read() if r.index == 2]
+        assert reading.compute_pids == (child.pid,)
+        assert node.link_health(True).pcie[2].gen == 5  # a context: the link trains up
+        assert node.link_health(True).pcie[3].gen == 1  # idle: power saving
+        child.kill()
+        wait_for(lambda: process_state(child.pid) == "Z" or None, 5, "the killed child's exit")
+        # Dead but not reaped: a zombie holds no context, and NVML no longer lists it.
+        assert node.ranks_on(2) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert node.read()[2].compute_pids == ()
+    (opened,) = node.opened()
+    assert opened["pid"] == child.pid and opened["env"] == {"CUDA_VISIBLE_DEVICES": node.uuid(2)}
+
+
+def test_a_reused_pid_is_not_taken_for_the_rank_that_had_it(tmp_path: Path) -> None:
+    node = dgx_h100(tmp_path)
+    node.sim.register(node.uuid(0), os.getpid(), {})
+    record = node.run_dir / f"{os.getpid()}.rank"
+    stale = json.loads(record.read_text())
+    record.write_text(json.dumps({**stale, "start": stale["start"] - 1}))
+    assert node.ranks_on(0) == []
+    assert not record.exists()
+
+
+def test_the_file_is_read_again_when_it_changes_and_a_broken_write_keeps_the_last_good_one(
+    tmp_path: Path,
+) -> None:
+    node = dgx_h100(tmp_path)
+    assert node.read()[4].compute_pids == ()
+    node.job_appears(4, pid=777)
+    assert node.read()[4].compute_pids == (777,)
+    node.path.write_text("{ half a file")
+    assert node.read()[4].compute_pids == (777,)
+    assert node.sim.last_error is not None and "not JSON" in node.sim.last_error
+    node.job_leaves(4)
+    assert node.read()[4].compute_pids == ()
+    assert node.sim.last_error is None
+
+
+def test_nvml_answers_links_fabric_and_modes_as_the_readers_expect(tmp_path: Path) -> None:
+    node = dgx_h100(tmp_path)
+    node.document["gpus"][3]["nvlinks_down"] = [0, 17]
+    node.document["gpus"][3]["nvlink_errors"] = {"replay": 9, "crc_flit": 2}
+    node.document["gpus"][3]["nvlink_kib"] = 1024
+    node.document["gpus"][5]["compute_mode"] = "exclusive_process"
+    node.write()
+    health = node.link_health(False)
+    on_3 = [link for link in health.nvlinks if link.gpu == 3]
+    assert len(on_3) == 18 and [link.link for link in on_3 if not link.active] == [0, 17]
+    assert {link.replay_errors for link in on_3 if link.active} == {9}
+    assert {t.gpu: t.tx_bytes for t in health.throughput}[3] == 1024 * 1024
+    assert {r.state for r in node.fabric()} == {"completed"}
+    assert node.read()[5].compute_mode == "exclusive_process"
+    node.document["nvswitch"] = False
+    node.write()
+    assert {r.state for r in node.fabric()} == {"not_supported"}
+
+
+def test_a_half_set_environment_is_an_error_not_real_hardware(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(sim.ENV_NODE, str(NODES / "dgx-h100.json"))
+    monkeypatch.delenv(sim.ENV_RUN, raising=False)
+    with pytest.raises(SimulationError, match="--simulate"):
+        sim.active()
+
+
+def test_a_simulated_node_counts_its_gpus_for_the_embedded_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from netmon.gpu.nvml import gpu_count
+    from netmon.gpu.usable import missing_for_nccl
+
+    SimNode.activate(dgx_h100(tmp_path), monkeypatch)
+    assert gpu_count() == 8
+    assert missing_for_nccl() is None
+
+
+def test_the_node_files_pods_reach_the_kubelet_guard_with_their_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from netmon.gpu.idle import IdlePolicy
+    from netmon.gpu.nvml import NvmlSource
+    from netmon.sim.kubelet import simulated_guard
+
+    node = dgx_h100(tmp_path).activate(monkeypatch)
+    guard = simulated_guard(NvmlSource(), IdlePolicy, node.sim, ("netmon", "netmon-abc"))
+    assert {r.allocated_to for r in guard.read()} == {None}
+    node.pod_given(5, "jobs/train-0")
+    node.pod_given(6, "netmon/netmon-abc")  # netmon's own pod: not a job
+    node.pod_given(7, "jobs/done-1", phase="Succeeded")
+    held = {r.index: r.allocated_to for r in guard.read() if r.allocated_to}
+    assert list(held) == [5]
+    assert "jobs/train-0" in str(held[5]) and "Running" in str(held[5])
