@@ -26,6 +26,7 @@ from netmon.gpu.nvml import NvmlSource, read_fabric, read_link_health
 from netmon.sim.node import SimulatedNode, load_node_file
 from netmon.sim.nvml import SimulatedNvml
 from netmon.topology.model import Topology
+from tests.conftest import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DGX_TOPO = "topo_8xH100_sxm_nv18_nonic_mlengineering.txt"
@@ -73,6 +74,13 @@ class SimNode:
         uuid = self.uuid(gpu)
         self.document["processes"] = [p for p in self.document["processes"] if p["gpu"] != uuid]
         self.write()
+
+    def job_left(self, gpu: int) -> None:
+        """The job leaves, and NVML's averaged utilization has come down: the GPU reads idle.
+        (Read first: the job is seen until the moment it leaves, whoever else reads NVML.)"""
+        self.read()
+        self.job_leaves(gpu)
+        wait_for(lambda: self.read()[gpu].utilization == 0 or None, 5, f"GPU {gpu} idle", 0.05)
 
     def pod_given(self, gpu: int, pod: str, phase: str = "Running") -> None:
         self.document.setdefault("pods", []).append(

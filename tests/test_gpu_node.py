@@ -92,7 +92,8 @@ def runner_on(
 
 def job_when_ranks_run(node: SimNode, gpu: int, when: dict[str, Any], after: float = 0.5) -> None:
     """In the background: once ranks hold `gpu` (their CUDA context made) and have measured for
-    `after` s, a job appears on it; `when` gets the moment and the ranks' PIDs."""
+    `after` s, a job appears on it; `when` gets the moment, the ranks' PIDs and when they were
+    all gone."""
 
     def watch() -> None:
         ranks = wait_for(lambda: node.ranks_on(gpu), 60, f"ranks on GPU {gpu}", poll=0.01)
@@ -100,6 +101,7 @@ def job_when_ranks_run(node: SimNode, gpu: int, when: dict[str, Any], after: flo
         when["ranks"] = ranks
         when["job"] = time.monotonic()
         node.job_appears(gpu)
+        when["gone"] = gone_at(ranks)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -182,7 +184,8 @@ def test_a_job_stops_the_probe_within_1_5_s_and_no_later_path_starts_on_its_gpus
     when: dict[str, Any] = {}
     job_when_ranks_run(node, 3, when)
     on.runner.run("paths")
-    gone = gone_at(when["ranks"])
+    when["thread"].join(timeout=15)
+    gone = when["gone"]
     stats = on.results.snapshot().probes["paths"]
     assert stats.failures == {"preempted": 1}
     assert stats.runs == 1  # the pcie path never started on the job's GPU
@@ -197,7 +200,7 @@ def test_a_job_stops_the_probe_within_1_5_s_and_no_later_path_starts_on_its_gpus
     assert on.results.snapshot().probes["paths"].skips == {"gpu_busy_process": 1}
     assert len(on.opened()) == 2
     # Once the job has left, the full idle check clears the GPU and probing resumes.
-    node.job_leaves(3)
+    node.job_left(3)
     on.runner.current.publish(config_for(tmp_path, ["2", "3"], [{"name": "paths", "sizes": [8]}]))
     on.runner.run("paths")
     assert on.readiness.preempted() == {}
@@ -380,7 +383,7 @@ def test_three_of_eight_gpus_busy_the_ten_idle_pairs_are_probed_and_the_rest_ski
     # measured again; the pairs of 0 and 1 keep their result and the time it was taken.
     node.job_appears(0)
     node.job_appears(1)
-    node.job_leaves(5)
+    node.job_left(5)
     on.runner.run("pairs")
     again = {(p.gpu, p.peer_gpu): p.measured_at for p in on.results.snapshot().links}
     assert set(again) == set(first) | {(3, 5), (4, 5), (5, 6)}
@@ -419,7 +422,8 @@ def test_a_collective_on_the_idle_set_runs_on_five_then_four_after_a_job_takes_o
     when: dict[str, Any] = {}
     job_when_ranks_run(node, 4, when)
     on.runner.run("idle")
-    gone = gone_at(when["ranks"])
+    when["thread"].join(timeout=15)
+    gone = when["gone"]
     assert gone - when["job"] < 1.5, gone - when["job"]
     assert on.results.snapshot().probes["idle"].failures == {"preempted": 1}
     assert "4" in on.readiness.preempted()
@@ -432,7 +436,7 @@ def test_a_collective_on_the_idle_set_runs_on_five_then_four_after_a_job_takes_o
     assert 'ranks="4"' in render(on.results)
 
     # The job leaves: the GPU comes back, and the probe runs on five again.
-    node.job_leaves(4)
+    node.job_left(4)
     before = len(on.opened())
     on.runner.run("idle")
     assert sorted(o["gpu"] for o in on.opened()[before:]) == [0, 2, 4, 5, 7]
@@ -570,13 +574,14 @@ def test_the_default_daemon_on_a_simulated_dgx_never_takes_its_own_ranks_for_a_j
         daemon.stop()
     snapshot = daemon.results.snapshot()
     assert {p: s.failures for p, s in snapshot.probes.items()} == {"small": {}, "large": {}}
-    assert {p: s.runs for p, s in snapshot.probes.items()} == {"small": 1, "large": 1}
-    # NVML saw the ranks on the GPUs (8 per probe), each opened the GPU its spec named.
+    runs = sum(s.runs for s in snapshot.probes.values())
+    assert runs >= 2  # small may have come round again while large ran on a loaded machine
+    # NVML saw the ranks on the GPUs (8 per run), each opened the GPU its spec named.
     assert {uuid for _, uuid in held} == {node.uuid(i) for i in range(8)}
     opened = node.opened()
-    assert len(opened) == 16
+    assert len(opened) == 8 * runs
     assert all(o["env"]["CUDA_VISIBLE_DEVICES"] == o["uuid"] for o in opened)
-    assert snapshot.rank_starts == {"fork": 16, "spawn": 0}
+    assert snapshot.rank_starts == {"fork": 8 * runs, "spawn": 0}
     text = render(daemon.results)
     assert "netmon_simulated 1.0" in text
     assert (

@@ -226,11 +226,24 @@ def test_an_nccl_backend_without_a_gpu_is_one_line_naming_what_is_missing(argv: 
     assert "Traceback" not in done.stderr and "got 0" not in line
 
 
-def test_torch_without_cuda_is_named_from_its_version_file() -> None:
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\n", "torch 2.13.0+cpu is a CPU"),
+        ("__version__ = '2.1.0'\ncuda = None\n", "torch 2.1.0 is a CPU build"),
+        ("__version__ = '2.13.0+cu128'\ncuda: Optional[str] = '12.8'\n", None),
+        ("__version__ = '2.13.0'\n", None),  # cannot tell: the ranks will say
+    ],
+)
+def test_torch_without_cuda_is_named_from_its_version_file(
+    tmp_path: Path, written: str, said: str | None
+) -> None:
     from netmon.gpu.usable import torch_without_cuda
 
-    said = torch_without_cuda()
-    assert said is not None and "is a CPU build (torch.version.cuda is None)" in said
+    version_py = tmp_path / "version.py"
+    version_py.write_text("from typing import Optional\n" + written)
+    found = torch_without_cuda(version_py)
+    assert (found is None) if said is None else (found is not None and said in found), found
 
 
 def test_a_selftest_on_a_simulated_node_drills_zygote_ranks_through_the_daemons_readiness(
@@ -258,6 +271,7 @@ def test_a_selftest_on_a_simulated_node_drills_zygote_ranks_through_the_daemons_
     assert rows["pinning"]["status"] == "PASS" and rows["rank zygote"]["status"] == "PASS"
     assert rows["path nvls"]["status"] == "SKIP"  # 2 GPUs: NCCL 2.27 keeps NVLS off
     assert {rows[f"memory {op}"]["status"] for op in OPS} == {"SKIP"}
+    assert rows["verdict noise"]["status"] == "SKIP"  # CPU noise says nothing of a GPU's
     # The drill's job opened GPU 0 like a CUDA job: NVML listed it there, next to the ranks.
     jobs = [o for o in node.opened() if o["pid"] == drilled["figures"]["job_pid"]]
     assert [o["uuid"] for o in jobs] == [node.uuid(0)]

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,21 @@ def test_the_file_is_read_again_when_it_changes_and_a_broken_write_keeps_the_las
     assert node.sim.last_error is None
 
 
+def test_utilization_lingers_for_nvmls_window_after_the_last_process_left(
+    tmp_path: Path,
+) -> None:
+    node = dgx_h100(tmp_path)
+    node.job_appears(1, pid=778)
+    assert node.read()[1].utilization == 90
+    node.job_leaves(1)
+    left = time.monotonic()
+    first = node.read()[1]
+    assert first.compute_pids == () and first.utilization == 90  # averaged over the last second
+    wait_for(lambda: node.read()[1].utilization == 0 or None, 5, "the window to pass", 0.02)
+    assert 0.9 <= time.monotonic() - left <= 2.0
+    assert node.read()[2].utilization == 0  # a GPU nothing ran on
+
+
 def test_nvml_answers_links_fabric_and_modes_as_the_readers_expect(tmp_path: Path) -> None:
     node = dgx_h100(tmp_path)
     node.document["gpus"][3]["nvlinks_down"] = [0, 17]
@@ -194,3 +210,39 @@ def test_the_node_files_pods_reach_the_kubelet_guard_with_their_phase(
     held = {r.index: r.allocated_to for r in guard.read() if r.allocated_to}
     assert list(held) == [5]
     assert "jobs/train-0" in str(held[5]) and "Running" in str(held[5])
+
+
+def test_the_daemon_counts_its_grandchildren_as_its_own_and_nothing_else(tmp_path: Path) -> None:
+    """Ranks forked by the rank zygote are the daemon's grandchildren; a process that left our
+    tree (started by us, then orphaned: a job's detached launcher) is not the daemon's."""
+    from netmon.gpu.idle import GpuReading
+    from netmon.serve.readiness import own_of
+
+    grandchild, stranger_pid = tmp_path / "grandchild.pid", tmp_path / "stranger.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(grandchild)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    # setsid -f forks and its first process exits: the sleep is reparented, out of our tree.
+    subprocess.run(
+        ["setsid", "-f", "sh", "-c", f"echo $$ > {stranger_pid}; exec sleep 60"], check=True
+    )
+    try:
+        ours = int(wait_for(lambda: _text_of(grandchild), 30, "the fork"))
+        stranger = int(wait_for(lambda: _text_of(stranger_pid), 30, "the detached sleep"))
+        listed = (ours, parent.pid, os.getpid(), stranger, 1)
+        assert own_of([GpuReading(0, "GPU-a", 0.0, 0, listed)]) == {ours, parent.pid, os.getpid()}
+    finally:
+        parent.kill()
+        parent.wait()
+        if stranger_pid.exists() and stranger_pid.read_text().strip():
+            os.kill(int(stranger_pid.read_text()), 9)
+
+
+def _text_of(path: Path) -> str | None:
+    """The file's text once it has some."""
+    text = path.read_text().strip() if path.exists() else ""
+    return text or None

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import netmon
+from netmon import sim
 from netmon.cli import EXIT_OK, EXIT_USAGE, probe_command, selftest_command, topo_command
 from netmon.errors import UsageError
 
@@ -69,6 +70,10 @@ def _load_daemon_config(args: argparse.Namespace) -> Any:
         overrides["listen"] = args.listen
     if getattr(args, "state_dir", None):
         overrides["state_dir"] = str(args.state_dir)
+    elif (node := sim.active()) is not None:
+        # Baselines of simulated ranks must never meet a real daemon's: kept in the run
+        # directory unless --state-dir names a place.
+        overrides["state_dir"] = str(node.run_dir / "state")
     logging_over = {
         k: v
         for k, v in (
@@ -166,8 +171,6 @@ def _simulate(path: Path | None) -> None:
     """Put this process (and every one it starts) on the simulated node of `path`."""
     if path is None:
         return
-    from netmon import sim
-
     # A run directory named in the environment is kept (the journal of the GPUs ranks opened).
     kept = os.environ.get(sim.ENV_RUN)
     try:

@@ -211,8 +211,11 @@ def _findings(
     seen: Sequence[GpuReading | None],
     own_pids: Collection[int],
     policy: IdlePolicy,
+    own_load: bool = False,
 ) -> list[tuple[Reason, str]]:
-    """Why a device, as `seen` in each sample, may not be probed; empty when it is idle."""
+    """Why a device, as `seen` in each sample, may not be probed; empty when it is idle.
+    `own_load`: the utilization NVML shows is netmon's own probe's, which left the GPU within
+    NVML's averaging window; it is not a job's."""
     total = len(seen)
     present = [r for r in seen if r is not None]
     if len(present) < total or total == 0:
@@ -235,7 +238,7 @@ def _findings(
 
     limit = policy.max_utilization
     hot = [r.utilization for r in present if r.utilization is not None and r.utilization >= limit]
-    if hot:
+    if hot and not own_load:
         peak = max(hot)
         found.append(
             (
@@ -280,11 +283,14 @@ def decide(
     devices: Sequence[str],
     own_pids: Collection[int],
     policy: IdlePolicy,
+    own_load: Collection[str] = (),
 ) -> IdleDecision:
     """Whether all of `devices` may be probed, given one list of readings per sample.
 
     `own_pids` (the daemon and probe ranks) are ignored in process lists and, where NVML gives
-    their share, in memory. No devices (a CPU-only probe) is always idle.
+    their share, in memory. `own_load` are devices whose utilization is still netmon's own
+    probe's: NVML averages it over up to a second, so a GPU that a pair or a round left a moment
+    ago still reads busy with no process on it. No devices (a CPU-only probe) is always idle.
 
     NVML reports PIDs as the host sees them: a daemon in its own PID namespace (a container
     without hostPID) must translate its PIDs first, or its own ranks look foreign.
@@ -293,7 +299,7 @@ def decide(
     lines: list[str] = []
     for device in dict.fromkeys(devices):  # de-duplicated, order kept
         seen = [find_reading(taken, device) for taken in readings]
-        found = _findings(seen, own_pids, policy)
+        found = _findings(seen, own_pids, policy, device in own_load)
         if not found:
             continue
         busy[device] = min((reason for reason, _ in found), key=_RANK.__getitem__)
@@ -401,6 +407,7 @@ def check(
     own_pids: Collection[int],
     policy: IdlePolicy,
     sleep: Callable[[float], None] = time.sleep,
+    own_load: Collection[str] = (),
 ) -> IdleDecision:
     """Sample, then decide; a failing source gives reason "nvml_error" instead of raising."""
     if not devices:
@@ -410,7 +417,7 @@ def check(
         readings = sample(source, policy, sleep)
     except IdleSourceError as exc:
         return source_failed(devices, exc)
-    return decide(readings, devices, own_pids, policy)
+    return decide(readings, devices, own_pids, policy, own_load)
 
 
 _RECORDING = TypeAdapter(list[list[GpuReading]])

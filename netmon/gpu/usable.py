@@ -14,7 +14,7 @@ _DRIVER = Path("/proc/driver/nvidia/version")
 _DEVICE = Path("/dev/nvidiactl")
 # torch/version.py, written when torch is built: `cuda: Optional[str] = '12.4'`, or None in a
 # CPU build (older releases leave out the annotation).
-_CUDA_LINE = re.compile(r"^cuda(?:\s*:[^=]*)?=\s*(?P<value>.+?)\s*$", re.MULTILINE)
+_CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?P<value>.+?)\s*$", re.MULTILINE)
 
 
 def missing_for_nccl() -> str | None:
@@ -44,13 +44,16 @@ def _nvml_gpus() -> str | None:
     return None if count else "NVML lists no GPU (in a container: is the GPU passed in?)"
 
 
-def torch_without_cuda() -> str | None:
-    """Why the installed torch cannot run NCCL ranks; None for a CUDA build."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        return "torch is not installed"
+def torch_without_cuda(version_py: Path | None = None) -> str | None:
+    """Why the installed torch (or the one whose torch/version.py is given) cannot run NCCL
+    ranks; None for a CUDA build."""
+    if version_py is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return "torch is not installed"
+        version_py = Path(spec.origin).parent / "version.py"
     try:
-        text = (Path(spec.origin).parent / "version.py").read_text()
+        text = version_py.read_text()
     except OSError:
         return None  # no way to tell without importing it: let the ranks say
     found = _CUDA_LINE.search(text)

@@ -134,6 +134,22 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
+def descends_from(pid: int, ancestor: int) -> bool:
+    """Whether `ancestor` is `pid`'s parent, its parent's parent, and so on (False once a
+    process on the way is gone)."""
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return False
+        pid = int(fields[1])
+        if pid == ancestor:
+            return True
+    return False
+
+
 def _parents() -> dict[int, int]:
     """Every process's parent, from /proc/PID/stat (a process gone while read is left out)."""
     parents = {}

@@ -37,7 +37,7 @@ JOB_LIFE_S = 300  # the job sleeps at most this long, should the drill fail to k
 POLL_S = 0.005
 
 # Started between us and the job, and gone at once: the job must not be our child, since the
-# readiness decision counts this process's children as netmon's own (own_processes), and a real
+# readiness decision counts this process's descendants as netmon's own (own_of), and a real
 # job never is one. The job gets a session of its own, so one kill reaches all of it.
 _DETACH = (
     "import subprocess, sys\n"
@@ -255,9 +255,20 @@ def run_drill(
     watched: Sequence[str],
     command: JobCommand,
     stand_in: SimulatedGpu | None = None,
+    zygote: Zygote | None = None,
 ) -> DrillResult:
     """Run `spec` once `readiness` finds `watched` idle, watching them as the daemon does; once
-    every rank measures, start the job on the first of them and time until no rank runs."""
+    every rank measures, start the job on the first of them and time until no rank runs.
+
+    The ranks are forked by `zygote` (one of its own when none is given, started before the
+    GPUs are claimed), as the daemon starts them: grandchildren of this process, which the
+    readiness decision must still count as its own."""
+    if zygote is None:
+        with contextlib.closing(Zygote(sys.executable, base_env())) as own:
+            warm = own.session()  # torch imported now, not while the GPUs are held
+            if warm is not None:
+                warm.close()
+            return run_drill(spec, readiness, watched, command, stand_in, own)
     result = DrillResult(simulated=stand_in is not None, gpu=watched[0])
     # GPUs that ran the selftest's previous probe a moment ago may still show its utilization
     # (NVML averages over up to a second): ask again for a while before calling them busy.
@@ -265,11 +276,7 @@ def run_drill(
     while True:
         with readiness.claim(device_keys(spec), watched, lock_timeout=10.0) as decision:
             if decision.ready:
-                # Ranks forked by a rank zygote, as the daemon starts them: grandchildren of
-                # this process, which the readiness decision must still count as its own. The
-                # zygote ends after the probe (closing it ends every rank it still has).
-                with contextlib.closing(Zygote(sys.executable, base_env())) as zygote:
-                    return _drill(result, spec, readiness, watched, command, stand_in, zygote)
+                return _drill(result, spec, readiness, watched, command, stand_in, zygote)
         if time.monotonic() >= deadline:
             return replace(result, skip=f"GPU not idle before the drill: {decision.detail}")
         time.sleep(1.0)

@@ -167,7 +167,8 @@ class _Selftest:
         if plan.backend != "nccl":
             stand_in = drill.SimulatedGpu()
             readiness = drill.readiness_for(plan.node, stand_in)
-            result = drill.run_drill(spec, readiness, ["0"], drill.sleep_job(), stand_in)
+            job = drill.sleep_job()
+            result = drill.run_drill(spec, readiness, ["0"], job, stand_in, self.zygote)
             self.add(drill.drill_row(result))
             return
         from netmon.gpu.nvml import NvmlSource
@@ -181,7 +182,8 @@ class _Selftest:
             gpu = (spec.cuda_devices or spec.devices)[0]
             command = drill.cuda_job(gpu, plan.node.rank_python or sys.executable)
             readiness = drill.readiness_for(plan.node, source)
-            self.add(drill.drill_row(drill.run_drill(spec, readiness, spec.devices, command)))
+            result = drill.run_drill(spec, readiness, spec.devices, command, None, self.zygote)
+            self.add(drill.drill_row(result))
 
     def run_memory(self) -> None:
         if self.plan.backend == "nccl" and sim.active() is not None:
@@ -222,7 +224,7 @@ class _Selftest:
         self.add(checks.zygote_row(list(self.ops.values()), self.zygote.pid, after))
 
     def run_noise(self) -> None:
-        if self.plan.backend != "nccl":
+        if self.plan.backend != "nccl" or sim.active() is not None:
             reason = "judged on GPUs: CPU ranks over loopback say nothing of a GPU node's noise"
             self.add(skipped("noise", "verdict noise", reason))
             return

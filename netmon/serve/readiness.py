@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from netmon.gpu import idle
 from netmon.probe.launcher import AbortCheck
-from netmon.probe.processes import descendants_of
+from netmon.probe.processes import descends_from
 from netmon.probe.spec import ProbeSpec
 from netmon.serve.current import CurrentConfig
 from netmon.serve.pausing import Pause, read_pause
@@ -23,6 +23,10 @@ from netmon.topology.model import Topology
 # How often a running probe re-reads NVML for foreign processes (the pause file is checked at
 # every launcher poll, as a stat is cheap).
 FOREIGN_CHECK_S = 0.5
+# NVML averages a GPU's utilization over a sample period of 1/6 s to 1 s, by product (nvml.h,
+# nvmlDeviceGetUtilizationRates): a GPU one of our probes left this long ago may still read
+# busy with no process on it, and that load is ours. A margin over the longest period.
+OWN_LOAD_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ class Readiness:
         # launcher at once, until the full idle check of a later claim finds them idle again.
         self._preempted: dict[str, str] = {}
         self._preempted_lock = threading.Lock()
+        # When our last probe on each GPU (its lock key) let go of it: its utilization lingers.
+        self._released: dict[str, float] = {}
 
     def pause(self) -> Pause:
         config = self.current.get()
@@ -181,13 +187,33 @@ class Readiness:
                 yield Decision(False, found.reason or "gpu_unknown", found.detail)
                 return
             self._forgive(devices)
-            yield Decision(True)
+            try:
+                yield Decision(True)
+            finally:
+                self._note_released(devices)
 
     def _idle_check(self, devices: Sequence[str], samples: int | None) -> idle.IdleDecision:
         policy = self.current.get().idle
         if samples is not None:
             policy = policy.model_copy(update={"samples": samples})
-        return idle.check(self.idle_source, devices, {os.getpid()}, policy)
+        own_load = self._own_load(devices)
+        return idle.check(self.idle_source, devices, {os.getpid()}, policy, own_load=own_load)
+
+    def _note_released(self, devices: Sequence[str]) -> None:
+        now = time.monotonic()
+        with self._preempted_lock:
+            for device in devices:
+                self._released[self._names(device)[0]] = now
+
+    def _own_load(self, devices: Sequence[str]) -> frozenset[str]:
+        """The devices one of our probes left within NVML's utilization window."""
+        now = time.monotonic()
+        with self._preempted_lock:
+            released = dict(self._released)
+        recent = (
+            d for d in devices if now - released.get(self._names(d)[0], -OWN_LOAD_S) < OWN_LOAD_S
+        )
+        return frozenset(recent)
 
     def survey(self, devices: Sequence[str]) -> Survey:
         """Which of `devices` may be probed now, each by itself: one full idle check of them all
@@ -258,7 +284,7 @@ class Readiness:
             return {}
         taken = {
             device: f"process {', '.join(map(str, pids))}"
-            for device, pids in idle.foreign_processes(reading, devices, own_processes()).items()
+            for device, pids in idle.foreign_processes(reading, devices, own_of(reading)).items()
         }
         for device, pod in idle.allocated_devices(reading, devices).items():
             taken.setdefault(device, f"given to {pod}")
@@ -276,8 +302,9 @@ def first_reason(reasons: Iterable[str]) -> str:
     return min(found, key=lambda r: _PRECEDENCE.index(r) if r in _PRECEDENCE else 99, default="")
 
 
-def own_processes() -> set[int]:
-    """This process and every process it started, however deep: rank processes are forked by
-    the rank zygote (grandchildren), and each runs in a session of its own, but all are ours.
-    NVML lists a rank among its GPU's processes as soon as it holds a CUDA context."""
-    return {os.getpid(), *descendants_of(os.getpid())}
+def own_of(reading: Sequence[idle.GpuReading]) -> set[int]:
+    """Which of the PIDs NVML lists are ours, each traced up its own parents: a few /proc reads
+    per listed process, where the whole tree would read every process of the host (hostPID)."""
+    me = os.getpid()
+    listed = {pid for r in reading for pid in r.compute_pids}
+    return {pid for pid in listed if pid == me or descends_from(pid, me)}

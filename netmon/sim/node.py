@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +27,9 @@ GiB = 1 << 30
 # What a rank's CUDA context and buffers hold, as NVML would count it.
 RANK_MEMORY = 512 << 20
 OPENED = "opened.jsonl"  # the run directory's journal of every rank that opened a GPU
+# NVML averages utilization over a sample period of up to 1 s (nvml.h): a GPU reads busy for
+# that long after its last process left.
+UTILIZATION_WINDOW_S = 1.0
 
 
 class SimulationError(ValueError):
@@ -166,6 +170,7 @@ class SimulatedNode:
         self.node, self._topology = load_node_file(self.path)
         self._stamp = self._stat()
         self.last_error: str | None = None
+        self._busy_at: dict[str, float] = {}  # GPU -> when a process was last seen on it
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -234,6 +239,9 @@ class SimulatedNode:
                 continue
             pid = int(record["pid"])
             if _start_time(pid) != record.get("start") or _zombie(pid):
+                # It ran until a moment ago: its load stays in NVML's utilization a while.
+                with self._lock:
+                    self._busy_at[str(record["uuid"])] = time.monotonic()
                 entry.unlink(missing_ok=True)
                 continue
             found.append(RankRecord(pid, str(record["uuid"])))
@@ -244,7 +252,19 @@ class SimulatedNode:
         node = self.current()
         jobs = [(p.pid, p.used_memory) for p in node.processes if p.gpu == uuid]
         ranks = [(r.pid, RANK_MEMORY) for r in self.ranks() if r.uuid == uuid]
+        if jobs or ranks:
+            with self._lock:
+                self._busy_at[uuid] = time.monotonic()
         return jobs + ranks
+
+    def utilization(self, uuid: str) -> int:
+        """Percent, as NVML averages it: busy while a process runs and for up to a second after
+        the last one left (UTILIZATION_WINDOW_S)."""
+        if self.processes(uuid):
+            return 90
+        with self._lock:
+            since = time.monotonic() - self._busy_at.get(uuid, -UTILIZATION_WINDOW_S)
+        return 90 if since < UTILIZATION_WINDOW_S else 0
 
     # ---- CUDA's view ----
 

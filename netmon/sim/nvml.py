@@ -98,8 +98,8 @@ class SimulatedNvml:
         ]
 
     def _nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
-        busy = bool(self.node.processes(self._gpu(handle).uuid))
-        return SimpleNamespace(gpu=90 if busy else 0, memory=40 if busy else 0)
+        percent = self.node.utilization(self._gpu(handle).uuid)
+        return SimpleNamespace(gpu=percent, memory=percent // 2)
 
     def _nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> Any:
         gpu = self._gpu(handle)
