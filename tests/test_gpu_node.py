@@ -590,3 +590,26 @@ def test_the_default_daemon_on_a_simulated_dgx_never_takes_its_own_ranks_for_a_j
     )
     series = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert len(series) <= 400, len(series)
+
+
+def test_a_pair_sweep_that_comes_due_while_a_collective_runs_waits_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zygotes: list[Zygote]
+) -> None:
+    """A sweep sharing the collective's interval comes due while the collective holds every GPU:
+    it waits for our own probe, then measures every pair, instead of skipping them all."""
+    node = dgx_h100(tmp_path)
+    collective = {"name": "small", "sizes": ["4M"], "iters": 60, "warmup": 1}
+    pairs = {"name": "pairs", "kind": "pairs", **QUICK}
+    on = runner_on(
+        node, config_for(tmp_path, ["0", "1", "2"], [collective, pairs]), monkeypatch, zygotes
+    )
+    first = threading.Thread(target=on.runner.run, args=("small",))
+    first.start()
+    wait_for(lambda: node.ranks_on(0), 60, "the collective's ranks on GPU 0", poll=0.01)
+    on.runner.run("pairs")
+    first.join(timeout=60)
+    snapshot = on.results.snapshot()
+    assert snapshot.probes["small"].failures == {} and snapshot.probes["small"].runs == 1
+    assert {(p.gpu, p.peer_gpu) for p in snapshot.links} == {(0, 1), (0, 2), (1, 2)}
+    assert sum(snapshot.pair_skips.values()) == 0, snapshot.pair_skips
+    assert snapshot.probes["pairs"].skips == {}

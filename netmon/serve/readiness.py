@@ -77,6 +77,15 @@ class DeviceLocks:
         with self._changed:
             return frozenset(self._held)
 
+    def wait_unwanted(self, keys: frozenset[str], timeout: float) -> bool:
+        """Wait until no probe holds or waits for any of `keys`; False at the timeout."""
+
+        def free() -> bool:
+            return not (self._held & keys) and not any(k & keys for _, k in self._queue)
+
+        with self._changed:
+            return self._changed.wait_for(free, timeout=timeout)
+
     def _may_take(self, ticket: int, keys: frozenset[str]) -> bool:
         if self._held & keys:
             return False
@@ -191,6 +200,18 @@ class Readiness:
                 yield Decision(True)
             finally:
                 self._note_released(devices)
+
+    def await_own_probes(self, devices: Sequence[str], timeout: float) -> None:
+        """Wait, up to `timeout` or the daemon's stop, until none of our other probes holds or
+        waits for any of `devices`. A survey (a pair sweep, `gpus: idle`) takes the GPUs that
+        are free at once: one that starts while a collective runs on them, as it does whenever
+        the two share an interval, would find every GPU devices_busy, every time."""
+        keys = self._lock_keys(frozenset(devices))
+        deadline = time.monotonic() + timeout
+        while not self.stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self.locks.wait_unwanted(keys, min(left, 0.5)):
+                return
 
     def _idle_check(self, devices: Sequence[str], samples: int | None) -> idle.IdleDecision:
         policy = self.current.get().idle

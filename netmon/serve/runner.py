@@ -102,6 +102,7 @@ class ProbeRunner:
 
     def _on_idle_set(self, probe: ProbeConfig, config: NetmonConfig, spec: ProbeSpec) -> None:
         """`gpus: idle`: the collective on the largest idle set (topology.plan.idle_set)."""
+        self.readiness.await_own_probes(spec.devices, min(probe.interval, 60.0))
         survey = self.readiness.survey(spec.devices)
         if survey.blocked is not None:
             return self._skip(probe, survey.blocked.reason, survey.blocked.detail)
@@ -177,6 +178,7 @@ class ProbeRunner:
         topo = self._pair_topology(spec)
         if topo is None:
             return self._skip(probe, "gpu_unknown", NO_PAIR_TOPOLOGY)
+        self.readiness.await_own_probes(spec.devices, min(probe.interval, 60.0))
         survey = self.readiness.survey(spec.devices)
         if survey.blocked is not None:
             return self._skip(probe, survey.blocked.reason, survey.blocked.detail)
