@@ -19,7 +19,7 @@ from netmon.cli.main import main
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.probe import nccl_tests
 from netmon.probe.build import build_spec
-from netmon.probe.processes import process_state
+from netmon.probe.processes import process_state, start_time
 from netmon.probe.spec import ProbeEnvironment, ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
 from netmon.selftest import checks, drill, report, versus
 from netmon.selftest import run as selftest_run
@@ -407,7 +407,7 @@ def test_the_stand_in_lists_the_job_only_while_it_runs() -> None:
     assert stand_in.read()[0].compute_pids == ()
     job = subprocess.Popen(["sleep", "30"])
     try:
-        start = drill.start_time(job.pid)
+        start = start_time(job.pid)
         assert start is not None
         stand_in.place(job.pid, start)
         assert stand_in.read()[0].compute_pids == (job.pid,)

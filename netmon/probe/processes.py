@@ -134,6 +134,26 @@ def descendants_of(pid: int) -> list[int]:
     return found
 
 
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot), which tells it from a later PID reuse;
+    None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def running_as(pid: int, start: int | None) -> bool:
+    """Whether the process that started at `start` still runs: not gone, not reused, not a
+    zombie (which holds no GPU any more)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and int(fields[19]) == start
+
+
 def descends_from(pid: int, ancestor: int) -> bool:
     """Whether `ancestor` is `pid`'s parent, its parent's parent, and so on (False once a
     process on the way is gone)."""

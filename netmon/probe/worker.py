@@ -144,7 +144,7 @@ class Rank:
     def _init(self, torch: Any, dist: Any, store: Any) -> Any:
         timeout = timedelta(seconds=self.spec.deadlines.init)
         if self.spec.backend == "nccl" and (gpu := sim_rank.open_gpu(os.environ)) is not None:
-            return self._init_simulated(dist, store, timeout, gpu)
+            return self._init_simulated(torch, dist, store, timeout, gpu)
         if self.spec.backend == "nccl":
             # CUDA_VISIBLE_DEVICES pins exactly one GPU to this process.
             device = torch.device("cuda", 0)
@@ -164,11 +164,11 @@ class Rank:
             )
         return device
 
-    def _init_simulated(self, dist: Any, store: Any, timeout: timedelta, gpu: str) -> Any:
+    def _init_simulated(
+        self, torch: Any, dist: Any, store: Any, timeout: timedelta, gpu: str
+    ) -> Any:
         """On a simulated node (`--simulate`): registered on `gpu`, where CUDA would have made
         its context, the rank runs the collectives on gloo over loopback."""
-        import torch
-
         self.simulated = True
         self.channel.send("gpu", uuid=gpu)
         if is_loopback(self.spec.host):

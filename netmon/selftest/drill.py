@@ -23,7 +23,7 @@ from netmon.config import NetmonConfig
 from netmon.gpu.idle import GpuReading, IdleSource
 from netmon.probe.forking import Zygote
 from netmon.probe.launcher import Launcher
-from netmon.probe.processes import stderr_tail
+from netmon.probe.processes import running_as, start_time, stderr_tail
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.starting import base_env
 from netmon.selftest.checks import Row, Status
@@ -99,7 +99,7 @@ class SimulatedGpu:
     def read(self) -> list[GpuReading]:
         with self._lock:
             job = self._job
-        pids = (job[0],) if job is not None and _running(*job) else ()
+        pids = (job[0],) if job is not None and running_as(*job) else ()
         return [
             GpuReading(
                 index=0,
@@ -109,23 +109,6 @@ class SimulatedGpu:
                 compute_pids=pids,
             )
         ]
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), which tells it from a later PID reuse."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[19])
-
-
-def _running(pid: int, start: int) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] != "Z" and int(fields[19]) == start  # a zombie holds no GPU
 
 
 def _read_line(fd: int, buffer: bytearray, deadline: float) -> str | None:
@@ -156,12 +139,12 @@ class _Job:
     stderr_path: Path | None = None
 
     def kill(self) -> None:
-        if self.pid and _running(self.pid, self.start):
+        if self.pid and running_as(self.pid, self.start):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)  # its own session: the job and its children
         # Not our child: init reaps it; wait until it no longer runs.
         deadline = time.monotonic() + 5.0
-        while self.pid and _running(self.pid, self.start) and time.monotonic() < deadline:
+        while self.pid and running_as(self.pid, self.start) and time.monotonic() < deadline:
             time.sleep(0.01)
         if self.stdout is not None:
             self.stdout.close()
@@ -243,7 +226,7 @@ def readiness_for(node: NetmonConfig, source: IdleSource) -> Readiness:
 
 def _wait_gone(ranks: Mapping[int, int], deadline: float) -> float | None:
     while time.monotonic() < deadline:
-        if not any(_running(pid, start) for pid, start in ranks.items()):
+        if not any(running_as(pid, start) for pid, start in ranks.items()):
             return time.monotonic()
         time.sleep(POLL_S)
     return None

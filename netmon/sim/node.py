@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from netmon.probe.processes import running_as, start_time
 from netmon.topology.model import Topology
 from netmon.topology.parse import parse_topo_matrix
 
@@ -159,7 +160,7 @@ class SimulatedNode:
     """The node file, read again when it changes, and the run directory where ranks register.
 
     A file that fails to parse after a change keeps the last good one in force (a writer that is
-    not atomic must not make every GPU vanish); the error is kept for `netmon selftest` to show.
+    not atomic must not make every GPU vanish); its error is kept in `last_error`.
     """
 
     def __init__(self, path: Path, run_dir: Path) -> None:
@@ -201,7 +202,7 @@ class SimulatedNode:
         """A rank opened `uuid`: listed among its processes until it exits. Written whole
         (rename), so a reader never sees half a record; also journalled in `opened`."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        record = {"pid": pid, "uuid": uuid, "start": _start_time(pid)}
+        record = {"pid": pid, "uuid": uuid, "start": start_time(pid)}
         partial = self.run_dir / f".{pid}.tmp"
         partial.write_text(json.dumps(record))
         os.replace(partial, self.run_dir / f"{pid}.rank")
@@ -238,7 +239,7 @@ class SimulatedNode:
             except (OSError, ValueError):
                 continue
             pid = int(record["pid"])
-            if _start_time(pid) != record.get("start") or _zombie(pid):
+            if not running_as(pid, record.get("start")):
                 # It ran until a moment ago: its load stays in NVML's utilization a while.
                 with self._lock:
                     self._busy_at[str(record["uuid"])] = time.monotonic()
@@ -300,18 +301,3 @@ def _first_visible(visible: str, order: list[SimGpu]) -> SimGpu | None:
     if entry.isdigit() and int(entry) < len(order):
         return order[int(entry)]
     return None
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
