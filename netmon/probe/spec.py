@@ -20,7 +20,7 @@ from netmon.bandwidth import (
     rank_medians,
     spread,
 )
-from netmon.probe.cpushare import foreign_share
+from netmon.probe.cpushare import MODES, foreign_share, mode_shares
 
 Backend = Literal["nccl", "gloo"]
 # batched: `batch` back-to-back ops then one sync (nccl-tests' default);
@@ -181,7 +181,14 @@ class SizeResult(_Frozen):
     rank_medians_s: tuple[float, ...] = ()
     # Other processes' CPU per second per CPU while this size was measured, on the worst
     # machine (netmon.probe.cpushare): 0 quiet, 1 every core taken. None where /proc cannot say.
+    # Their user, nice and system time only: not netmon's own daemon and zygote, nor the modes
+    # below, which are shown and never a reason to leave a result unjudged.
     foreign_cpu_share: float | None = None
+    # The share of the same CPUs over the same interval spent in hardware interrupts, softirqs,
+    # and stolen by the hypervisor, on the machine where each was highest. None where unknown.
+    irq_cpu_share: float | None = None
+    softirq_cpu_share: float | None = None
+    steal_cpu_share: float | None = None
 
     @classmethod
     def of_samples(
@@ -197,6 +204,7 @@ class SizeResult(_Frozen):
         """One size's result from its samples (per op, already combined over the ranks by the
         spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them."""
         stats = spread(samples)
+        modes = mode_shares(cpu)
         return cls(
             op=spec.op,
             size_bytes=size_bytes,
@@ -217,7 +225,16 @@ class SizeResult(_Frozen):
             path=spec.path,
             rank_medians_s=rank_medians(per_rank),
             foreign_cpu_share=foreign_share(cpu),
+            irq_cpu_share=modes.get("irq"),
+            softirq_cpu_share=modes.get("softirq"),
+            steal_cpu_share=modes.get("steal"),
         )
+
+    @property
+    def cpu_modes(self) -> dict[str, float]:
+        """The known mode shares by mode (netmon.probe.cpushare.MODES)."""
+        shares = (self.irq_cpu_share, self.softirq_cpu_share, self.steal_cpu_share)
+        return {m: v for m, v in zip(MODES, shares, strict=True) if v is not None}
 
 
 class ProbeEnvironment(_Frozen):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 import netmon
+from netmon.probe import cpushare
 from netmon.probe.forking import ForkedRank, Session, Zygote, ZygoteLost, early_variable
 from netmon.probe.processes import CHANNEL_FD, RankHandle, SpawnedRank, process_state
 from netmon.probe.spec import ProbeSpec
@@ -44,7 +45,8 @@ class RankStarter:
         return [*self.spec.wrapper_of(rank), self.python, "-m", "netmon.probe.worker"]
 
     def start(self, rank: int, env: dict[str, str], stderr: IO[bytes]) -> RankHandle:
-        return self._fork(rank, env, stderr.fileno()) or self._spawn(rank, env, stderr)
+        forked = self._fork(rank, env, stderr.fileno())
+        return forked or self._spawn(rank, self._naming_own(env), stderr)
 
     def close(self) -> None:
         if self.session is not None:
@@ -84,7 +86,8 @@ class RankStarter:
         stdin_r, stdin_w = os.pipe()
         channel_r, channel_w = os.pipe()
         try:
-            pid = self.session.fork(env, stdin_r, stderr, stderr, channel_w)
+            # Named once the session is open: a first probe's session starts the zygote.
+            pid = self.session.fork(self._naming_own(env), stdin_r, stderr, stderr, channel_w)
         except ZygoteLost:
             pid = "unavailable"
         finally:
@@ -98,6 +101,17 @@ class RankStarter:
             self.fallback = self.fallback or ("refused" if pid != "unavailable" else pid)
             return None
         return ForkedRank(self.session, pid, os.fdopen(stdin_w, "wb"), os.fdopen(channel_r, "rb"))
+
+    def _naming_own(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` naming netmon's own processes to the rank (cpushare.OWN_PIDS): this process,
+        which launched it (the daemon, or `netmon probe`), and the rank zygote if one runs. Their
+        CPU time while the rank measures is netmon's, not the other work that disturbs a result.
+        A launcher names them only to the ranks it starts itself, on its own machine (a group
+        round's other ranks hear of their own node's); and the value carries the boot_id and
+        each process's start time, so a rank that a wrapper runs on another kernel or in another
+        PID namespace counts none rather than a stranger's time."""
+        zygote = self.zygote.pid if self.zygote is not None else None
+        return {**env, cpushare.OWN_PIDS: cpushare.own_pids((os.getpid(), zygote))}
 
     def _why_not_fork(self, rank: int, env: dict[str, str]) -> str | None:
         assert self.zygote is not None
