@@ -19,6 +19,7 @@ from netmon.baseline import (
     BaselinePolicy,
     Verdict,
     load,
+    robust,
     save,
 )
 
@@ -31,7 +32,10 @@ LOW = 50e9  # ratio 0.5 < 0.8
 def plain(**fields: object) -> BaselinePolicy:
     """The M-of-N rule alone: no settling after start, no spread margin (tests/test_signal.py
     covers those)."""
-    return BaselinePolicy.model_validate({"settle": 0, "spread_k": 0, **fields})
+    ratio = fields.get("ratio", 0.8)
+    floor = min(0.7, ratio) if isinstance(ratio, float) else 0.7
+    defaults = {"settle": 0, "spread_k": 0, "floor": floor}
+    return BaselinePolicy.model_validate({**defaults, **fields})
 
 
 def feed(book: BaselineBook, values: Iterable[float], key: BaselineKey = KEY) -> list[Verdict]:
@@ -198,7 +202,7 @@ def test_json_round_trip_restores_state_and_behaviour() -> None:
     assert restored.to_json() == book.to_json()
     # The latest ratio is not state: after a restart there is no result yet.
     assert restored.verdicts() == {
-        KEY: Verdict(GOOD, None, True, 5, 3),
+        KEY: Verdict(GOOD, None, True, 5, 3, reason="low"),
         OTHER: Verdict(None, None, False, 3, 0),
     }
     for value in [GOOD, GOOD, GOOD, LOW]:
@@ -209,7 +213,8 @@ def test_to_json_is_a_versioned_document() -> None:
     book = BaselineBook(plain())
     book.observe(KEY, 5.0)
     assert book.to_json() == {
-        "version": 1,
+        "version": 2,
+        "identity": {},
         "baselines": [
             {
                 "probe": "link",
@@ -219,8 +224,13 @@ def test_to_json_is_a_versioned_document() -> None:
                 "ranks": 2,
                 "learned": [5.0],
                 "learned_cv": [0.0],
+                "older": [],
                 "recent": [],
                 "degraded": False,
+                "healthy": [],
+                "level": [5.0],
+                "reference": None,
+                "reason": None,
             }
         ],
     }
@@ -238,7 +248,8 @@ def test_a_smaller_policy_keeps_the_newest_values_and_flags() -> None:
     assert doc[0]["learned"] == [17.0, 18.0, 19.0]
     assert doc[0]["recent"] == [True, False, False]
     # The degraded state is kept as it was: verdicts change only on new results.
-    assert restored.verdict(KEY) == Verdict(18.0, None, True, 3, 1)
+    # The reference is the first full window's baseline (window 10: 10 to 19).
+    assert restored.verdict(KEY) == Verdict(18.0, None, True, 3, 1, reference=14.5, reason="low")
     assert not restored.observe(KEY, 100.0).degraded  # now 3 not-low of the last 3 >= M=2
 
 
@@ -290,7 +301,7 @@ def _entry(**changes: object) -> dict[str, object]:
         ([], "JSON object"),
         ("state", "JSON object"),
         ({}, "version None"),
-        ({"version": 2, "baselines": []}, "version 2 is not supported"),
+        ({"version": 3, "baselines": []}, "version 3 is not supported"),
         ({"version": "1", "baselines": []}, "version '1'"),
         ({"version": True, "baselines": []}, "version True"),
         ({"version": 1}, "baselines"),
@@ -355,7 +366,7 @@ def _valid_state() -> bytes:
         b"\x00\xff\xfe garbage \x89PNG",
         b"null",
         b"[1, 2, 3]",
-        b'{"version": 2, "baselines": []}',
+        b'{"version": 3, "baselines": []}',
         b'{"version": 1, "baselines": [{"probe": "x"}]}',
         b'{"version": 1, "baselines": NaN}',
         b"[" * 100_000 + b"]" * 100_000,  # deep enough to overflow the parser's recursion
@@ -368,7 +379,7 @@ def _valid_state() -> bytes:
         "binary",
         "null",
         "list",
-        "version2",
+        "version3",
         "partial-entry",
         "nan",
         "deep",
@@ -480,6 +491,7 @@ def policies(draw: st.DrawFn) -> BaselinePolicy:
     return plain(
         window=window,
         min_samples=draw(st.integers(1, window)),
+        level_window=draw(st.integers(1, 9)),
         ratio=draw(st.sampled_from([0.5, 0.8, 0.95, 1.0])),
         trigger=draw(st.integers(of // 2 + 1, of)),
         of=of,
@@ -494,38 +506,103 @@ positive = st.one_of(
 unusable = st.sampled_from([0.0, -1.0, math.nan, math.inf, -math.inf])
 
 
-@given(policies(), st.lists(st.one_of(positive, positive, unusable), max_size=60))
-def test_verdicts_follow_the_m_of_n_rule_exactly(
-    policy: BaselinePolicy, values: list[float]
-) -> None:
-    """An independent model of the rules, checked against every verdict."""
-    book = BaselineBook(policy)
-    learned: deque[float] = deque(maxlen=policy.window)
-    recent: deque[bool] = deque(maxlen=policy.of)
-    degraded = False
-    for value in values:
-        usable = math.isfinite(value) and value > 0
-        baseline = statistics.median(learned) if len(learned) >= policy.min_samples else None
-        verdict = book.observe(KEY, value)
+class Model:
+    """An independent model of docs/SIGNAL.md's rule with no spread margin (spread_k 0): the
+    expected level is the higher of the baseline and the reference; M of N low degrade, the
+    recent level under ratio x expected drifts; M of N healthy with the level back clear."""
+
+    def __init__(self, policy: BaselinePolicy) -> None:
+        self.policy = policy
+        self.learned: deque[float] = deque(maxlen=policy.window)
+        self.older: deque[float] = deque(maxlen=2 * policy.window)
+        self.low: deque[bool] = deque(maxlen=policy.of)
+        self.healthy: deque[bool] = deque(maxlen=policy.of)
+        self.level: deque[float] = deque(maxlen=min(policy.level_window, policy.window))
+        self.reference: float | None = None
+        self.rise: list[float] = []
+        self.degraded = False
+
+    def baseline(self) -> float | None:
+        if len(self.learned) < self.policy.min_samples:
+            return None
+        return statistics.median(self.learned)
+
+    def spread(self) -> float:
+        level = robust.spread(list(self.level)) if len(self.level) >= 5 else 0.0
+        return max(robust.spread([*self.older, *self.learned]), level)
+
+    def wander(self) -> float:
+        """Two standard errors of the baseline, a median of the window."""
+        return 2 * math.sqrt(math.pi / 2) * self.spread() / math.sqrt(len(self.learned))
+
+    def learn(self, value: float) -> None:
+        if len(self.learned) == self.policy.window:
+            self.older.append(self.learned[0])
+        self.learned.append(value)
+        baseline = self.baseline()
+        if baseline is None:
+            return
+        if self.reference is None:
+            if len(self.learned) == self.policy.window:
+                self.reference = baseline
+        elif baseline > self.reference + self.wander():
+            self.rise.append(baseline)
+            if len(self.rise) == self.policy.window:
+                self.reference, self.rise = min(self.rise), []
+        else:
+            self.rise = []
+
+    def step(self, value: float) -> tuple[float | None, float | None]:
+        """The expected level the value is judged against and its ratio to it."""
+        policy, usable = self.policy, math.isfinite(value) and value > 0
+        baseline = self.baseline()
+        self.level.append(value if usable else 0.0)
         if baseline is None:
             if usable:
-                learned.append(value)
+                self.learn(value)
+            return None, None
+        # Judged against the reference less its uncertainty; back means the reference itself.
+        reference = self.reference
+        expected = baseline if reference is None else max(baseline, reference - self.wander() / 2)
+        returned = max(baseline, reference or 0.0)
+        ratio = value / expected if usable else None
+        self.low.append(ratio is None or ratio < policy.ratio)
+        healthy = ratio is not None and value >= policy.ratio * expected
+        self.healthy.append(healthy)
+        full = len(self.level) == self.level.maxlen
+        level = statistics.median(self.level) if full else None
+        if not self.degraded:
+            drift = level is not None and level < policy.ratio * expected
+            self.degraded = sum(self.low) >= policy.trigger or drift
+        else:
+            clear = max(policy.ratio * expected, (1 + policy.ratio) / 2 * returned)
+            back = level is None or level >= clear
+            self.degraded = not (sum(self.healthy) >= policy.trigger and back)
+        if healthy and not self.degraded:
+            self.learn(value)
+        return expected, ratio
+
+
+@given(policies(), st.lists(st.one_of(positive, positive, unusable), max_size=60))
+def test_verdicts_follow_the_rule_exactly(policy: BaselinePolicy, values: list[float]) -> None:
+    """The independent model, checked against every verdict."""
+    book = BaselineBook(policy)
+    model = Model(policy)
+    for value in values:
+        baseline = model.baseline()
+        expected, ratio = model.step(value)
+        verdict = book.observe(KEY, value)
+        assert verdict.reference == model.reference
+        if expected is None:  # learning: the baseline reported is the one just formed, if any
+            assert verdict.baseline == model.baseline()
             assert not verdict.degraded and verdict.low_recent == 0
             continue
         assert verdict.baseline == baseline
-        assert verdict.ratio == (value / baseline if usable else None)
-        low = verdict.ratio is None or verdict.ratio < policy.ratio
-        recent.append(low)
-        lows, goods = sum(recent), len(recent) - sum(recent)
-        if not degraded and lows >= policy.trigger:
-            degraded = True
-        elif degraded and goods >= policy.trigger:
-            degraded = False
-        if not low and not degraded:
-            learned.append(value)
-        assert verdict.degraded == degraded
-        assert verdict.low_recent == lows
-        assert verdict.healthy_samples == len(learned)
+        assert verdict.expected == expected
+        assert verdict.ratio == ratio
+        assert verdict.degraded == model.degraded
+        assert verdict.low_recent == sum(model.low)
+        assert verdict.healthy_samples == len(model.learned)
 
 
 @given(policies(), st.lists(st.tuples(st.booleans(), positive), max_size=40))

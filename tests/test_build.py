@@ -23,6 +23,7 @@ from netmon.probe.launcher import Launcher
 from netmon.probe.pairs import pair_placement
 from netmon.probe.spec import ProbeEnvironment, ProbeOutcome, ProbeSpec, SizeResult
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
@@ -231,7 +232,7 @@ def reading(index: int, pids: tuple[int, ...] = ()) -> idle.GpuReading:
 
 def runner_on(config: NetmonConfig, source: idle.IdleSource) -> tuple[ProbeRunner, Results]:
     current = CurrentConfig(config)
-    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     readiness = Readiness(current, DeviceLocks(), source, threading.Event())
     runner = ProbeRunner(current, results, readiness, launcher=RecordingLauncher)
     runner.topology = dgx_h100()

@@ -19,11 +19,13 @@ from netmon.probe.build import build_spec
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
 from tests.gpu_node import SimNode, dgx_h100
 
-# A rank's CPU reading over 1 s on an 8-CPU machine with nothing else running (cpushare).
-QUIET = [0.5, 0.5, 1.0, 8.0, 1.0]
+# A rank's CPU reading over 1 s on an 8-CPU machine with nothing else running (cpushare's row:
+# busy, own, elapsed, CPUs, machine, netmon's own, its launcher, irq, softirq, steal).
+QUIET = [0.5, 0.5, 1.0, 8.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 
 
@@ -47,7 +49,7 @@ def series_count(config: NetmonConfig) -> int:
 
 def _series_count(config: NetmonConfig, node: SimNode) -> int:
     current = CurrentConfig(config)
-    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     results.set_topology([(a, b, str(path)) for (a, b), path in node.topology.pairs().items()])
     for probe in config.probes or ():
         if probe.kind == "pairs":

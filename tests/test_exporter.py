@@ -60,6 +60,7 @@ from netmon.probe.spec import (
     SizeResult,
 )
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
@@ -98,6 +99,7 @@ LARGE = SeriesPoint(
     judged=True,
     low_recent=3,
     foreign_cpu=0.02,
+    cpu_modes=(("irq", 0.01), ("softirq", 0.03), ("steal", 0.0)),
 )
 SNAPSHOT = Snapshot(
     series=(SMALL, LARGE),
@@ -276,6 +278,9 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
         "netmon_rank_fork_fallbacks",
         "netmon_zygote_starts",
         "netmon_inconclusive_results",
+        "netmon_series_results",
+        "netmon_reference_resets",
+        "netmon_state_write_errors",
     }
     assert set(types) >= set(SERIES_FAMILIES)
     assert all(kind in ("counter", "gauge") for kind in types.values())
@@ -314,7 +319,10 @@ def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> N
 
 # Every optional family present: paths, transports, pairs, topology and NVML link health.
 _PCIE = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
-_DEFAULT = dataclasses.replace(LARGE, path="default")
+# A judged series with its reference, degraded on drift.
+_DEFAULT = dataclasses.replace(
+    LARGE, path="default", reference=12e9, degraded=True, reason="drift", judged=True
+)
 _HEALTH = LinkHealth(
     pcie=(PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=16, replay_counter=3),),
     nvlinks=(
@@ -363,6 +371,8 @@ FULL_SNAPSHOT = dataclasses.replace(
     peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
     peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
     inconclusive={("large", "disturbed"): 4, ("large", "settling"): 2},
+    series_results={"large": 9},
+    reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
 )
 
 
@@ -644,7 +654,9 @@ def setup(tmp_path: Path) -> tuple[NetmonConfig, Results, Path]:
     state = tmp_path / "b.json"
     return (
         config,
-        Results(CurrentConfig(config), baseline.BaselineBook(config.baseline), state_path=state),
+        Results(
+            CurrentConfig(config), BaselineKeeper(baseline.BaselineBook(config.baseline), state)
+        ),
         state,
     )
 
@@ -838,7 +850,7 @@ def test_results_survive_an_unwritable_state_file(tmp_path: Path) -> None:
     small = config.probes[0]
     state = tmp_path / "missing-dir" / "b.json"
     results = Results(
-        CurrentConfig(config), baseline.BaselineBook(config.baseline), state_path=state
+        CurrentConfig(config), BaselineKeeper(baseline.BaselineBook(config.baseline), state)
     )
     run(results, small, outcome(config, small))
     assert results.state_write_errors == 1

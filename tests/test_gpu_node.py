@@ -27,6 +27,7 @@ from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
 from netmon.serve.current import CurrentConfig
 from netmon.serve.daemon import Daemon
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
@@ -80,7 +81,7 @@ def runner_on(
     ranks forked by a real rank zygote."""
     node.activate(monkeypatch)
     current = CurrentConfig(config)
-    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     readiness = Readiness(current, DeviceLocks(), NvmlSource(), threading.Event(), node.topology)
     runner = ProbeRunner(current, results, readiness)
     runner.topology = node.topology

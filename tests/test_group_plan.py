@@ -33,6 +33,7 @@ from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
 from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.topology.model import Nic, Topology
@@ -156,7 +157,7 @@ def test_a_round_on_sockets_where_ib_is_declared_fails_counted_and_learns_nothin
 ) -> None:
     config = node_config(tmp_path, "ib")
     book = baseline.BaselineBook(config.baseline)
-    results = Results(CurrentConfig(config), book, None)
+    results = Results(CurrentConfig(config), BaselineKeeper(book))
     (probe,) = [p for p in config.probes or () if p.name == "cross"]
 
     outcome = transport_checked(round_outcome(("socket_where_ib_expected",), ("net_socket",)))
@@ -222,7 +223,7 @@ def test_the_declared_networks_reasons_start_at_zero_for_the_groups_probes(
     tmp_path: Path,
 ) -> None:
     ib = node_config(tmp_path, "ib")
-    results = Results(CurrentConfig(ib), baseline.BaselineBook(ib.baseline), None)
+    results = Results(CurrentConfig(ib), BaselineKeeper(baseline.BaselineBook(ib.baseline)))
     known = results.snapshot().transport_faults
     assert set(known.values()) == {0}
     across = {"socket_where_ib_expected", "plugin_where_ib_expected", "no_net_between_nodes"}
@@ -232,7 +233,7 @@ def test_the_declared_networks_reasons_start_at_zero_for_the_groups_probes(
     local = {r for (p, _, r) in known if p == "small"}
     assert local and not local & set(crossnode.NET_REASONS)
     unset = node_config(tmp_path, None)
-    anything = Results(CurrentConfig(unset), baseline.BaselineBook(unset.baseline), None)
+    anything = Results(CurrentConfig(unset), BaselineKeeper(baseline.BaselineBook(unset.baseline)))
     assert {p for (p, _, _) in anything.snapshot().transport_faults} == {"small"}
 
 
@@ -322,7 +323,7 @@ def coordinator(config: NetmonConfig, fabric: FabricReads, rdma: Path) -> Coordi
     """A coordinator that is never started: its rounds' specs are built, nothing runs."""
     assert config.group is not None
     current = CurrentConfig(config)
-    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     # No GPU is ever surveyed: the idle source is never asked.
     readiness = Readiness(current, DeviceLocks(), None, threading.Event())  # type: ignore[arg-type]
     link = GroupLink(29400, "10.0.0.1", A)  # never started

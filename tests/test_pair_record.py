@@ -9,6 +9,7 @@ from netmon import baseline
 from netmon.exposition.collector import SnapshotPage
 from netmon.probe.pairs import PairOutcome
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
 from tests.gpu_node import dgx_h100
 from tests.test_cardinality import PAIRS, dgx_config, outcome
@@ -36,7 +37,7 @@ def test_a_reload_that_removes_a_pairs_probe_removes_its_links_suspects_and_skip
     with_pairs = dgx_config()
     with_pairs = with_pairs.model_copy(update={"probes": (*(with_pairs.probes or ()), PAIRS)})
     current = CurrentConfig(with_pairs)
-    results = Results(current, baseline.BaselineBook(with_pairs.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(with_pairs.baseline)))
     pairs = [
         PairOutcome((a, b), str(path), outcome(PAIRS, with_pairs))
         for (a, b), path in node.topology.pairs().items()

@@ -13,6 +13,7 @@ from netmon.config import parse_config, resolve
 from netmon.gpu import idle
 from netmon.probe.launcher import Launcher
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
@@ -42,7 +43,7 @@ def _runner(
         gpus=2,
     )
     current = CurrentConfig(config)
-    results = Results(current, baseline.BaselineBook(config.baseline), None)
+    results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     readiness = Readiness(current, DeviceLocks(), source, threading.Event())
     return ProbeRunner(current, results, readiness, launcher=launcher), results
 

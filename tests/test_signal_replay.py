@@ -99,6 +99,95 @@ def test_the_same_stream_cut_to_60_percent_degrades_within_five_results() -> Non
     ]
 
 
+JUDGED = sorted(
+    name
+    for name in json.loads(STREAMS.read_text())["streams"]
+    if BaselinePolicy().judges(key_of(name)[2])
+)
+HELD = 1000  # results a cut is held for
+AFTER = 40  # results after it ends
+
+
+def held_cut(
+    samples: list[dict[str, Any]], to: float, offset: int, held: int = HELD, after: int = AFTER
+) -> list[dict[str, Any]]:
+    """The healthy stream, then the same stream again from `offset`, round and round, with its
+    link at `to` of its rate for `held` results (its own noise, its busy periods included:
+    those stay disturbed), then `after` results of it restored."""
+    again = [samples[(offset + i) % len(samples)] for i in range(held + after)]
+    last = samples[-1]["t"]
+    return samples + [
+        {
+            **s,
+            "t": last + STEP_S * (i + 1),
+            "busbw": s["busbw"] * (to if i < held else 1.0),
+            "degraded": False,
+        }
+        for i, s in enumerate(again)
+    ]
+
+
+def conclusive_until(verdicts: list[Verdict], done: Any) -> int | None:
+    """How many conclusive results it took until `done(verdict)`; None if never."""
+    count = 0
+    for verdict in verdicts:
+        count += verdict.inconclusive is None
+        if done(verdict):
+            return count
+    return None
+
+
+def held_cut_trial(series: str, to: float, offset: int) -> dict[str, Any]:
+    samples = streams()[series]
+    replayed = [v for _, v in replay(held_cut(samples, to, offset), key_of(series))]
+    healthy, during = replayed[: len(samples)], replayed[len(samples) : len(samples) + HELD]
+    after = replayed[len(samples) + HELD :]
+    flagged = next((i for i, v in enumerate(during) if v.degraded), None)
+    reference = max(v.reference or 0.0 for v in healthy)
+    return {
+        "offset": offset,
+        "false": sum(v.degraded for v in healthy),
+        "flag": conclusive_until(during, lambda v: v.degraded),
+        "held": flagged is not None and all(v.degraded for v in during[flagged:]),
+        "clear": conclusive_until(after, lambda v: not v.degraded),
+        "reference": min(v.reference or 0.0 for v in during) / reference,
+    }
+
+
+@pytest.mark.parametrize("to", [0.75, 0.6])
+@pytest.mark.parametrize("series", JUDGED)
+def test_a_cut_held_for_a_thousand_results_is_flagged_and_stays_flagged(
+    series: str, to: float
+) -> None:
+    """Issue 23: the default policy, the recorded stream's real noise, the cut begun at every
+    fourth point of it. A held cut is flagged, never cleared while held, cleared within 10
+    results once it ends, and the reference never moves."""
+    samples = streams()[series]
+    trials = [held_cut_trial(series, to, offset) for offset in range(0, len(samples), 4)]
+    assert not any(t["false"] for t in trials)
+    assert all(t["held"] for t in trials), [t for t in trials if not t["held"]]
+    assert all(t["clear"] is not None and t["clear"] <= 10 for t in trials), trials
+    assert all(t["reference"] >= 0.95 for t in trials)
+    flags = sorted(t["flag"] for t in trials)
+    # Within 10 conclusive results, except where the cut begins in the recording's fast stretch
+    # (results at 1.2-1.3x its median for ~10 runs): cut to 0.75x those still read 0.9x, and
+    # nothing is low until the stretch ends. Never more than 20.
+    within = sum(f <= 10 for f in flags) / len(flags)
+    assert within >= (0.8 if to > 0.7 else 1.0), flags
+    assert flags[-1] <= 20, flags
+    # The cut as the recording continues: its latest quiet results first.
+    natural = held_cut_trial(series, to, _last_quiet_stretch(samples))
+    assert natural["flag"] <= 10 and natural["held"], natural
+
+
+def _last_quiet_stretch(samples: list[dict[str, Any]]) -> int:
+    """Where the recording's last stretch without the load begins."""
+    index = len(samples) - 1
+    while index > 0 and not samples[index - 1]["load"]:
+        index -= 1
+    return index
+
+
 def degraded_series(samples: list[dict[str, Any]], key: BaselineKey) -> str:
     """The replayed netmon_degraded on a 10 s grid, in promtool's value notation."""
     values: list[str] = []
@@ -138,12 +227,19 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
         for series, samples in sorted(recorded.items())
         for k in [key_of(series)]
     ]
-    broken = cut(recorded[LARGEST], 0.6, 80)  # then the link stays cut for 80 results
+    # Then the link is cut to 0.75x and stays cut for a thousand results (nearly 3 hours).
+    samples = recorded[LARGEST]
+    broken = held_cut(samples, 0.75, _last_quiet_stretch(samples), after=0)
     cut_key = ("cut", *key_of(LARGEST)[1:])
     grid = len(healthy[0]["values"].split())
     cut_values = degraded_series(broken, cut_key)  # type: ignore[arg-type]
-    assert cut_values.split()[:grid].count("1") == 0
+    flags = cut_values.split()
+    assert flags[:grid].count("1") == 0
+    first = flags.index("1")
+    assert set(flags[first:]) == {"1"}  # held to the end
     minutes = grid * STEP_S // 60
+    # The alert's `for: 10m` runs from the first 1; from then on it fires to the end.
+    firing = range((first * STEP_S) // 60 + 11, len(flags) * STEP_S // 60, 20)
     fired = {
         "severity": "warning",
         "instance": "node1:19464",
@@ -173,13 +269,19 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
                         {"eval_time": f"{m}m", "alertname": "NetmonBusbwDegraded", "exp_alerts": []}
                         for m in range(0, minutes + 1, 2)
                     ),
-                    {
-                        "eval_time": f"{len(cut_values.split()) * STEP_S // 60}m",
-                        "alertname": "NetmonBusbwDegraded",
-                        "exp_alerts": [
-                            {"exp_labels": fired, "exp_annotations": rendered_annotations(fired)}
-                        ],
-                    },
+                    *(
+                        {
+                            "eval_time": f"{m}m",
+                            "alertname": "NetmonBusbwDegraded",
+                            "exp_alerts": [
+                                {
+                                    "exp_labels": fired,
+                                    "exp_annotations": rendered_annotations(fired),
+                                }
+                            ],
+                        }
+                        for m in firing
+                    ),
                 ],
             }
         ],

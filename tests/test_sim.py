@@ -253,12 +253,12 @@ def test_a_simulated_daemon_keeps_its_baselines_apart_from_a_real_ones(
 ) -> None:
     import argparse
 
-    from netmon.cli.main import _load_daemon_config
+    from netmon.cli.main import load_daemon_config
 
     node = dgx_h100(tmp_path).activate(monkeypatch)
     plain = argparse.Namespace(config=None, state_dir=None)
-    config, gpus = _load_daemon_config(plain)
+    config, gpus = load_daemon_config(plain)
     assert gpus == 8 and config.backend == "nccl"
     assert config.state_dir == node.run_dir / "state"
     chosen = argparse.Namespace(config=None, state_dir=tmp_path / "mine")
-    assert _load_daemon_config(chosen)[0].state_dir == tmp_path / "mine"
+    assert load_daemon_config(chosen)[0].state_dir == tmp_path / "mine"

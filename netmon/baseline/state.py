@@ -14,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from netmon.baseline.book import BaselineBook, BaselinePolicy
+from netmon.baseline.book import BaselineBook
+from netmon.baseline.policy import BaselinePolicy
 
 # A real book is keys x window floats, a few MB at most; a file far larger is not one of ours,
 # and reading it whole could take the daemon's memory with it.

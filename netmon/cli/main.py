@@ -13,7 +13,14 @@ from typing import Any, NoReturn
 
 import netmon
 from netmon import sim
-from netmon.cli import EXIT_OK, EXIT_USAGE, probe_command, selftest_command, topo_command
+from netmon.cli import (
+    EXIT_OK,
+    EXIT_USAGE,
+    probe_command,
+    rebaseline_command,
+    selftest_command,
+    topo_command,
+)
 from netmon.errors import UsageError
 
 
@@ -61,7 +68,7 @@ def _add_daemon_parsers(commands: Any) -> None:
     check.set_defaults(handler=_cmd_check_config)
 
 
-def _load_daemon_config(args: argparse.Namespace) -> Any:
+def load_daemon_config(args: argparse.Namespace) -> Any:
     from netmon import config as cfg
     from netmon.gpu.nvml import gpu_count
 
@@ -98,7 +105,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from netmon import logs
     from netmon.serve.daemon import Daemon
 
-    config, gpus = _load_daemon_config(args)
+    config, gpus = load_daemon_config(args)
     logs.setup(config.logging.level, config.logging.format)
     if not gpus and args.config is None:
         logging.getLogger("netmon").info(
@@ -126,7 +133,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             )
 
     def reload() -> Any:
-        return _load_daemon_config(args)[0]
+        return load_daemon_config(args)[0]
 
     return int(Daemon(config, idle_source=source, web=web, loader=reload).serve_forever())
 
@@ -134,7 +141,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_check_config(args: argparse.Namespace) -> int:
     from netmon import config as cfg
 
-    config, _ = _load_daemon_config(args)
+    config, _ = load_daemon_config(args)
     if config.group is not None:
         from netmon.group.auth import group_secret
 
@@ -152,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_daemon_parsers(commands)
     topo_command.add_parser(commands)
     selftest_command.add_parser(commands)
+    rebaseline_command.add_parser(commands)
     for name in SIMULATED_COMMANDS:
         commands.choices[name].add_argument(
             "--simulate",
@@ -164,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The commands that can run on a simulated GPU node.
-SIMULATED_COMMANDS = ("serve", "probe", "selftest", "topo")
+SIMULATED_COMMANDS = ("serve", "probe", "selftest", "topo", "rebaseline")
 
 
 def _simulate(path: Path | None) -> None:

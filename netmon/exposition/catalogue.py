@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from netmon.gpu.idle import REASONS as IDLE_REASONS
+from netmon.probe.cpushare import MODES
 from netmon.probe.forking import FALLBACK_REASONS, START_METHODS
 
 # info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
@@ -80,6 +81,8 @@ PAIR_SKIP_REASONS = ("paused", "devices_busy", *IDLE_REASONS)
 # How ranks started, and why a probe's ranks were spawned although the zygote was configured.
 RANK_START_METHODS = START_METHODS
 FORK_FALLBACK_REASONS = FALLBACK_REASONS
+# The `mode` of netmon_probe_cpu_mode_ratio: CPU time that is no process's work (proc(5)).
+CPU_MODES = MODES
 
 
 @dataclass(frozen=True)
@@ -123,16 +126,29 @@ CATALOGUE: tuple[Family, ...] = (
     Family("series", "netmon_busbw_baseline_bytes_per_second", "gauge", "bytes_per_second", _SERIES,
            "Learned baseline: median busbw of recent healthy results", "probes"),
     Family("series", "netmon_busbw_baseline_ratio", "gauge", "ratio", _SERIES,
-           "Latest busbw divided by its baseline", "probes"),
+           "Latest busbw divided by its expected level (the higher of baseline and reference)",
+           "probes"),
+    Family("series", "netmon_busbw_reference_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "Long-term reference: never drifts down; lowered only by netmon rebaseline or "
+           "new hardware", "probes"),
     Family("series", "netmon_degraded", "gauge", "", _SERIES,
-           "1 when M of the last N judged results were low: under R x baseline and k spreads "
-           "under it (hysteresis both ways)", "probes"),
+           "1 when M of the last N judged results were low, or the recent level fell under its "
+           "line; cleared by M healthy results with the level back", "probes"),
+    Family("series", "netmon_degraded_reason", "gauge", "", (*_SERIES, "reason"),
+           "1 for why a degraded series turned: low (M of N results low) or drift (the recent "
+           "level under the line relative to the reference)", "probes"),
+    Family("series", "netmon_judged_at_floor", "gauge", "", _SERIES,
+           "1 when the series' spread would put its low line under floor x expected level, so "
+           "it is judged at the floor: too noisy for its tolerance", "probes"),
+    Family("series", "netmon_last_judged_timestamp_seconds", "gauge", "seconds", _SERIES,
+           "When the series last had a conclusive result (judged or learned); the daemon's start "
+           "until its first", "probes"),
     Family("series", "netmon_busbw_baseline_spread_bytes_per_second", "gauge", "bytes_per_second",
            _SERIES, "Robust spread of the baseline window: 1.4826 x median absolute deviation",
            "probes"),
     Family("series", "netmon_busbw_low_bound_bytes_per_second", "gauge", "bytes_per_second",
-           _SERIES, "A judged result under this busbw is low: min(R x baseline, baseline - k x "
-           "spread)", "probes"),
+           _SERIES, "A judged result under this busbw is low: min(R x expected, expected - k x "
+           "spread), never under floor x expected", "probes"),
     Family("series", "netmon_low_results", "gauge", "", _SERIES,
            "Low results among the last N judged (the M-of-N rule degrades at M)", "probes"),
     Family("series", "netmon_judged", "gauge", "", _SERIES,
@@ -140,7 +156,12 @@ CATALOGUE: tuple[Family, ...] = (
            "shown only (baseline.latency_ratio unset)", "probes"),
     Family("series", "netmon_foreign_cpu_ratio", "gauge", "ratio", _SERIES,
            "Other processes' CPU use while the result was measured, per CPU of the machine "
-           "(0 quiet, 1 every core taken)", "probes"),
+           "(0 quiet, 1 every core taken): their user, nice and system time, netmon's own "
+           "daemon and rank zygote left out", "probes"),
+    Family("series", "netmon_probe_cpu_mode_ratio", "gauge", "ratio", (*_SERIES, "mode"),
+           "Share of the ranks' CPUs spent in this mode while the latest result was measured: "
+           "irq (hardware interrupts), softirq, steal (taken by the hypervisor). Shown, never a "
+           "reason to leave a result unjudged", "probes"),
     Family("series", "netmon_busbw_threshold_bytes_per_second", "gauge", "bytes_per_second",
            _SERIES, "Configured min_busbw of the probe", "probes"),
     # paths: path variants against each other, and the transports NCCL chose
@@ -180,6 +201,12 @@ CATALOGUE: tuple[Family, ...] = (
     Family("probes", "netmon_inconclusive_results", "counter", "", ("probe", "reason"),
            "Results neither judged nor learned, by reason (settling after start, disturbed by "
            "other work, noisy)"),
+    Family("probes", "netmon_series_results", "counter", "", ("probe",),
+           "Results of judged series, conclusive or not (the denominator of the disturbed "
+           "share)"),
+    Family("probes", "netmon_reference_resets", "counter", "", ("probe", "reason"),
+           "Series that forgot their baseline and reference: operator (netmon rebaseline) or "
+           "hardware (a replaced GPU, NIC or node)"),
     Family("probes", "netmon_probe_busy_seconds", "counter", "seconds", ("probe",),
            "Device-seconds held by probes (wall time x devices or CPU ranks): the cost of probing"),
     Family("probes", "netmon_probe_last_success_timestamp_seconds", "gauge", "seconds", ("probe",),
@@ -269,6 +296,11 @@ CATALOGUE: tuple[Family, ...] = (
            "When the running configuration was loaded"),
     Family("daemon", "netmon_start_time_seconds", "gauge", "seconds", (),
            "When the daemon started"),
+    Family("daemon", "netmon_baseline_restored", "gauge", "", (),
+           "1 when this start restored baselines from the state file; 0 on a start without "
+           "usable state (the log says why)"),
+    Family("daemon", "netmon_state_write_errors", "counter", "", (),
+           "Failed saves of the baseline state file"),
     Family("daemon", "netmon_rank_starts", "counter", "", ("method",),
            "Rank processes started: forked by the rank zygote (fork) or spawned as a new "
            "interpreter (spawn)"),

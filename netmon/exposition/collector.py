@@ -15,48 +15,23 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeAlias
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from netmon.exposition.catalogue import (
-    BY_NAME,
     FAILURE_REASONS,
     FORK_FALLBACK_REASONS,
-    NVML_WHEN,
-    NVML_WHEN_PROBES,
     RANK_START_METHODS,
     SKIP_REASONS,
 )
+from netmon.exposition.families import add_known, family
 from netmon.exposition.snapshot import LinkPoint, Snapshot
+from netmon.exposition.verdicts import result_families, state_families, verdict_families
 from netmon.gpu.linkhealth import LinkHealth, downtrained, nvlink_sums
 
 log = logging.getLogger(__name__)
 
-MetricFamily: TypeAlias = GaugeMetricFamily | CounterMetricFamily
 # A collector: the families of one concern, built from one snapshot.
 Collector: TypeAlias = Callable[[Snapshot], Iterable[Metric]]
-
-
-def _interval_text(snapshot: Snapshot) -> str:
-    parts = [
-        f"{name} every {stats.interval_s:g} s" if stats.interval_s else f"{name} once"
-        for name, stats in snapshot.probes.items()
-    ]
-    return "Measured by the probes (" + ", ".join(parts) + "), not at scrape time"
-
-
-def family(name: str, snapshot: Snapshot) -> MetricFamily:
-    """An empty family as the catalogue describes it; HELP says when its values were measured."""
-    entry = BY_NAME[name]
-    documentation = entry.help
-    if entry.measured == "probes":
-        documentation += f". {_interval_text(snapshot)}."
-    elif entry.measured == "nvml" and snapshot.link_interval_s:
-        documentation += f". {NVML_WHEN.format(interval=f'{snapshot.link_interval_s:g} s')}."
-    elif entry.measured == "nvml":
-        documentation += f". {NVML_WHEN_PROBES}."
-    if entry.type == "counter":
-        return CounterMetricFamily(name, documentation, labels=entry.labels)
-    return GaugeMetricFamily(name, documentation, labels=entry.labels)
 
 
 def series_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -73,7 +48,7 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
     )
     families = [family(name, snapshot) for name in names]
     busbw, algbw, latency, spread, measured, baseline, ratio, degraded, threshold = families
-    explained = list(_verdict_families(snapshot))
+    explained = list(verdict_families(snapshot))
     for point in snapshot.series:
         labels = point.labels()
         busbw.add_metric(labels, point.busbw)
@@ -82,7 +57,7 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
         spread.add_metric(labels, point.cv)
         measured.add_metric(labels, point.measured_at)
         degraded.add_metric(labels, 1.0 if point.degraded else 0.0)
-        _add_known(
+        add_known(
             labels, ((baseline, point.baseline), (ratio, point.ratio), (threshold, point.min_busbw))
         )
     for restored in snapshot.restored:
@@ -91,35 +66,17 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
             baseline.add_metric(restored.labels(), restored.baseline)
     yield from families
     yield from explained
+    yield _cpu_mode_family(snapshot)
 
 
-def _verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """How each series' verdict was reached: its noise, its line, its count, whether it pages."""
-    names = (
-        "netmon_busbw_baseline_spread_bytes_per_second",
-        "netmon_busbw_low_bound_bytes_per_second",
-        "netmon_low_results",
-        "netmon_judged",
-        "netmon_foreign_cpu_ratio",
-    )
-    families = [family(name, snapshot) for name in names]
-    spread, bound, lows, judged, foreign = families
+def _cpu_mode_family(snapshot: Snapshot) -> Metric:
+    """What interrupts and the hypervisor took from the ranks' CPUs: apart from the foreign
+    share, so that an interrupt storm shows without leaving the fault it causes unjudged."""
+    modes = family("netmon_probe_cpu_mode_ratio", snapshot)
     for point in snapshot.series:
-        labels = point.labels()
-        if point.judged is not None:  # a daemon's series (a textfile's has no book)
-            judged.add_metric(labels, 1.0 if point.judged else 0.0)
-            lows.add_metric(labels, float(point.low_recent))
-        _add_known(
-            labels, ((spread, point.spread), (bound, point.low_bound), (foreign, point.foreign_cpu))
-        )
-    yield from families
-
-
-def _add_known(labels: list[str], values: Iterable[tuple[MetricFamily, float | None]]) -> None:
-    """A sample in each family whose value is known; an unknown value is no sample, not 0."""
-    for family_, value in values:
-        if value is not None:
-            family_.add_metric(labels, value)
+        for mode, share in point.cpu_modes:
+            modes.add_metric([*point.labels(), mode], share)
+    return modes
 
 
 def path_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -196,7 +153,7 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
             skips.add_metric([name, reason], stats.skips.get(reason, 0))
         busy.add_metric([name], stats.busy_seconds)
         interval.add_metric([name], stats.interval_s)
-        _add_known(
+        add_known(
             [name],
             (
                 (last_success, stats.last_success),
@@ -211,6 +168,7 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
     for (probe, reason), count in sorted(snapshot.inconclusive.items()):
         inconclusive.add_metric([probe, reason], float(count))
     yield inconclusive
+    yield from result_families(snapshot)
 
 
 def link_health_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -355,6 +313,7 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     started = family("netmon_start_time_seconds", snapshot)
     started.add_metric([], snapshot.started_at)
     yield from (paused, simulated, build, reload_ok, reload_failed, reload_at, started)
+    yield from state_families(snapshot)
     yield from _rank_start_families(snapshot)
 
 

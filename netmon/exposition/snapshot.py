@@ -5,8 +5,8 @@ every change and the collectors render the current one, so a scrape never sees h
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeAlias
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from netmon.gpu.linkhealth import LinkHealth
 
@@ -43,6 +43,14 @@ class SeriesPoint:
     judged: bool | None = None  # None: no baseline book (netmon probe --textfile)
     low_recent: int = 0
     foreign_cpu: float | None = None
+    # The long-term reference, why the series is degraded, whether its low line sits at the
+    # floor, and when it last had a conclusive result (None: not since the daemon started).
+    reference: float | None = None
+    reason: str | None = None
+    at_floor: bool = False
+    judged_at: float | None = None
+    # (mode, share) of the ranks' CPUs taken by irq, softirq and steal meanwhile: shown only.
+    cpu_modes: tuple[tuple[str, float], ...] = ()
 
     @property
     def key(self) -> SeriesKey:
@@ -63,6 +71,9 @@ class VerdictPoint:
     ranks: int
     baseline: float | None
     degraded: bool
+    reference: float | None = None
+    reason: str | None = None
+    judged: bool = True
 
     def labels(self) -> list[str]:
         return [self.probe, self.op, str(self.size_bytes), self.path, str(self.ranks)]
@@ -162,6 +173,12 @@ class Snapshot:
     zygote_starts: int = 0
     # Results neither judged nor learned, by (probe, reason) (netmon.baseline.INCONCLUSIVE_REASONS).
     inconclusive: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Results of judged series by probe, conclusive or not (the disturbed share's denominator).
+    series_results: Mapping[str, int] = field(default_factory=dict)
+    # The baseline state: restored at start, failed saves, series forgotten by (probe, reason).
+    baseline_restored: bool = False
+    state_write_errors: int = 0
+    reference_resets: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 def series_points(
@@ -196,15 +213,46 @@ def series_points(
                 cv=result.cv,
                 measured_at=measured_at,
                 ranks=outcome.spec.ranks,
-                baseline=verdict.baseline if verdict is not None else None,
-                ratio=verdict.ratio if verdict is not None else None,
-                degraded=verdict.degraded if verdict is not None else False,
                 min_busbw=min_busbw,
-                spread=verdict.spread if verdict is not None else None,
-                low_bound=verdict.low_bound if verdict is not None else None,
-                judged=verdict.judged if verdict is not None else None,
-                low_recent=verdict.low_recent if verdict is not None else 0,
+                **_verdict_fields(verdict),
                 foreign_cpu=result.foreign_cpu_share,
+                cpu_modes=tuple(result.cpu_modes.items()),
             )
         )
     return tuple(points)
+
+
+def _verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
+    """A SeriesPoint's fields that come from its verdict (none without a baseline book)."""
+    if verdict is None:
+        return {}
+    return {
+        "baseline": verdict.baseline,
+        "ratio": verdict.ratio,
+        "degraded": verdict.degraded,
+        "spread": verdict.spread,
+        "low_bound": verdict.low_bound,
+        "judged": verdict.judged,
+        "low_recent": verdict.low_recent,
+        "reference": verdict.reference,
+        "reason": verdict.reason,
+        "at_floor": verdict.at_floor,
+        "judged_at": verdict.judged_at,
+    }
+
+
+def forget_verdict(point: SeriesPoint) -> SeriesPoint:
+    """The point of a series whose baseline an operator (or new hardware) made it forget: its
+    measurement stays, its verdict is gone until the next result."""
+    return replace(
+        point,
+        baseline=None,
+        ratio=None,
+        degraded=False,
+        spread=None,
+        low_bound=None,
+        low_recent=0,
+        reference=None,
+        reason=None,
+        at_floor=False,
+    )

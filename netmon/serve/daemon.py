@@ -22,7 +22,6 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from netmon import baseline
 from netmon.config import NetmonConfig
 from netmon.errors import UsageError
 from netmon.exposition.collector import SnapshotPage
@@ -40,10 +39,12 @@ from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
 from netmon.serve.telemetry import LinkTelemetry
+from netmon.topology.identity import read_identity
 from netmon.topology.model import Topology
 from netmon.topology.parse import parse_topo_matrix
 
@@ -175,15 +176,12 @@ class Daemon:
         self.loader = loader  # how SIGHUP reads the configuration again
         self.reload_requested = threading.Event()
         self.stopping = threading.Event()
-        state_path = _state_path(config)
-        book = baseline.BaselineBook(config.baseline)
-        if state_path is not None:
-            book, warning = baseline.load(state_path, config.baseline)
-            if warning:
-                log.warning("%s", warning)
         self.topology = _topology(config)
         _check_specs(config, self.topology)
-        self.results = Results(self.current, book, state_path)
+        keeper = BaselineKeeper.open(
+            _state_path(config), config.baseline, read_identity(self.topology)
+        )
+        self.results = Results(self.current, keeper)
         source = idle_source or _idle_source(config)
         self.readiness = Readiness(
             self.current,

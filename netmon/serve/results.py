@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
-from pathlib import Path
 
 import netmon
 from netmon import baseline, sim
@@ -26,6 +25,7 @@ from netmon.exposition.snapshot import (
     SeriesPoint,
     Snapshot,
     VerdictPoint,
+    forget_verdict,
     series_points,
 )
 from netmon.gpu.linkhealth import LinkHealth
@@ -34,6 +34,7 @@ from netmon.probe.pairs import PairOutcome, PairSkip
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
+from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.pair_record import PairRecord
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,13 @@ class _Tally:
 class Results:
     """The daemon's mutable record, guarded by a lock, published as immutable Snapshots."""
 
-    def __init__(
-        self, current: CurrentConfig, book: baseline.BaselineBook, state_path: Path | None
-    ) -> None:
+    def __init__(self, current: CurrentConfig, keeper: BaselineKeeper) -> None:
         # The configuration is read from `current` whenever it is needed, and each one published
         # there prunes what belonged to removed probes (reconfigure).
         self._current = current
         config = current.get()
-        self._book = book
-        self._state_path = state_path
+        self._keeper = keeper
+        self._book = keeper.book
         self._lock = threading.Lock()
         self._tallies = {p.name: _Tally() for p in config.probes or ()}
         self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
@@ -91,8 +90,9 @@ class Results:
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self._group_rejected: dict[str, int] = {}
-        self.state_write_errors = 0
-        book.adopt_ranks(lambda name: _all_ranks(config, name))
+        # Results of judged series, conclusive or not: the disturbed share's denominator.
+        self._series_results = dict.fromkeys(_judging_probes(config), 0)
+        self._book.adopt_ranks(lambda name: _all_ranks(config, name))
         self._snapshot = self._build_snapshot()
         current.on_change(self.reconfigure)
 
@@ -145,6 +145,9 @@ class Results:
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
             # A probe a reload added counts from 0 like one present at start; a removed one goes.
             self._inconclusive = _judging_counters(config, self._inconclusive)
+            self._series_results = {
+                p: self._series_results.get(p, 0) for p in _judging_probes(config)
+            }
             self._pairs.reconfigure(config)
             self._snapshot = self._build_snapshot()
 
@@ -201,6 +204,8 @@ class Results:
             self._snapshot = self._build_snapshot()
 
     def zygote_started(self) -> None:
+        # New ranks' process: its first results pay for what a first start pays for.
+        self._book.resettle()
         with self._lock:
             self._zygote_starts += 1
             self._snapshot = self._build_snapshot()
@@ -258,7 +263,7 @@ class Results:
                 if export:
                     verdicts = self._learn(probe, outcome, now, path)
             self._snapshot = self._build_snapshot()
-        self._save_state()
+        self._keep_state()
         return verdicts
 
     def pairs_skipped(self, probe: str, skipped: Sequence[PairSkip]) -> None:
@@ -294,14 +299,20 @@ class Results:
         # host's cores the same way, and a job on its GPU preempts the probe (never judged).
         on_cpu = outcome.spec.backend == "gloo"
 
+        # A series whose last result is older than two intervals was paused: it settles again.
+        max_gap = 2 * probe.interval + probe.effective_jitter
+
         def judge(key: baseline.BaselineKey, result: SizeResult) -> baseline.Verdict:
             foreign = result.foreign_cpu_share if on_cpu else None
-            verdict = self._book.observe(key, result.busbw_bytes_per_second, result.cv, foreign)
+            verdict = self._book.observe(
+                key, result.busbw_bytes_per_second, result.cv, foreign, at=now, max_gap=max_gap
+            )
             counted = (probe.name, verdict.inconclusive or "")
             # Only judged series: a size that is never judged loses nothing. Only probes still
             # configured: a run that ends after a reload removed its probe is not re-created.
             if verdict.judged and counted in self._inconclusive:
                 self._inconclusive[counted] += 1
+                self._series_results[probe.name] += 1
             if verdict.changed:
                 _log_change(key, verdict)
             verdicts.append(verdict)
@@ -313,14 +324,21 @@ class Results:
             self._points[point.key] = point
         return verdicts
 
-    def _save_state(self) -> None:
-        if self._state_path is None:
-            return
-        try:
-            baseline.save(self._state_path, self._book)
-        except OSError as exc:
-            self.state_write_errors += 1
-            log.warning("cannot save baselines to %s: %s", self._state_path, exc)
+    def _keep_state(self) -> None:
+        """Take the operator's rebaseline requests, then save the book."""
+        forgotten = self._keeper.take_requests()
+        if forgotten:
+            with self._lock:
+                # Their points show no verdict until their next result.
+                for key in forgotten:
+                    if key in self._points:
+                        self._points[key] = forget_verdict(self._points[key])
+                self._snapshot = self._build_snapshot()
+        self._keeper.save()
+
+    @property
+    def state_write_errors(self) -> int:
+        return self._keeper.write_errors
 
     def _build_snapshot(self) -> Snapshot:
         config = self._current.get()
@@ -348,6 +366,9 @@ class Results:
                 ranks=key[4],
                 baseline=verdict.baseline,
                 degraded=verdict.degraded,
+                reference=verdict.reference,
+                reason=verdict.reason,
+                judged=verdict.judged,
             )
             for key, verdict in sorted(self._book.verdicts().items())
             if key not in self._points
@@ -384,7 +405,17 @@ class Results:
             fork_fallbacks=dict(self._fork_fallbacks),
             zygote_starts=self._zygote_starts,
             inconclusive=dict(self._inconclusive),
+            series_results=dict(self._series_results),
+            baseline_restored=self._keeper.restored,
+            state_write_errors=self._keeper.write_errors,
+            reference_resets=self._keeper.resets(self._series_results),
         )
+
+
+def _judging_probes(config: NetmonConfig) -> list[str]:
+    """Probes whose results are judged against a baseline (pair probes judge pairs against each
+    other)."""
+    return [p.name for p in config.probes or () if p.kind != "pairs"]
 
 
 def _judging_counters(

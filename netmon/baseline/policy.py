@@ -1,0 +1,100 @@
+"""How a series is learned and judged: the settings under `baseline:` (docs/SIGNAL.md)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from netmon.bandwidth import parse_size
+
+
+class BaselinePolicy(BaseModel):
+    """How a baseline is learned (median of the last K healthy results), the long-term reference
+    beside it, and when a series is degraded or cleared (docs/SIGNAL.md, "The rule")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    window: int = Field(default=20, ge=1)  # K: the baseline is the median of the last K learned
+    min_samples: int = Field(default=5, ge=1)  # healthy results needed before any verdict
+    ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)  # R: low below R x expected
+    # The low line is never under floor x expected: a spread so wide that only a near-zero result
+    # would count as low is reported (netmon_judged_at_floor) and judged at the floor instead.
+    floor: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False)
+    trigger: int = Field(default=3, ge=1)  # M: low results among the last N that degrade
+    of: int = Field(default=5, ge=1)  # N: how many recent results the M-of-N rule looks at
+    # The recent level is the median of the last `level_window` conclusive results: under its
+    # line the series is degraded (reason "drift"), and a degradation clears only once it is
+    # back over the clearing line. Longer than `of`, so that a short burst of good results in
+    # a held cut does not clear it; never longer than `window` (level_size).
+    level_window: int = Field(default=9, ge=1)
+    # k: a low result is also more than k robust spreads (1.4826 x MAD) under the expected level.
+    spread_k: float = Field(default=3.0, ge=0, allow_inf_nan=False)
+    # Sizes under this are latency-bound: a fixed ratio on their busbw reads host jitter as a
+    # fault. They are judged with latency_ratio (latency over baseline / latency_ratio is low),
+    # or, with latency_ratio unset (the default), learned and shown but never judged.
+    latency_bound_below: int = Field(default=1 << 20, ge=0)
+    latency_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    # The first results of each series after the daemon starts, after its rank zygote is
+    # replaced and after a pause longer than twice its interval are neither learned nor judged:
+    # a first run pays cold caches, a new rank zygote, a first CUDA context.
+    settle: int = Field(default=2, ge=0)
+    # A result measured while other processes used this share of the machine's CPUs or more
+    # (netmon.probe.cpushare; judged on CPU ranks only) was disturbed: inconclusive.
+    max_foreign_cpu: float = Field(default=0.25, gt=0, le=1, allow_inf_nan=False)
+    # A result whose cv is over noisy_cv x the series' usual cv (and over noisy_cv_floor) is
+    # inconclusive, unless `trigger` of the last `of` were noisy: noise that lasts (a flapping
+    # link is noisy too) is the series' state, and is judged.
+    noisy_cv: float = Field(default=3.0, ge=1, allow_inf_nan=False)
+    noisy_cv_floor: float = Field(default=0.05, ge=0, allow_inf_nan=False)
+
+    @field_validator("latency_bound_below", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+    def latency_bound(self, size_bytes: int) -> bool:
+        # The measured size can be a few bytes under the configured one (whole elements per
+        # rank: a 1M all_gather on 3 ranks moves 1048572 B); 1 % keeps it on its side.
+        return size_bytes * 1.01 < self.latency_bound_below
+
+    def judges(self, size_bytes: int) -> bool:
+        return not self.latency_bound(size_bytes) or self.latency_ratio is not None
+
+    def ratio_for(self, size_bytes: int) -> float:
+        if self.latency_bound(size_bytes) and self.latency_ratio is not None:
+            return self.latency_ratio
+        return self.ratio
+
+    @property
+    def level_size(self) -> int:
+        # Never longer than the baseline window: the recent level must follow a change (a
+        # better link, say) before the baseline does, or it would read the change as a fall.
+        return min(self.level_window, self.window)
+
+    def floor_for(self, size_bytes: int) -> float:
+        # A latency tolerance (0.5: twice the latency) may be wider than the bandwidth floor.
+        return min(self.floor, self.ratio_for(size_bytes))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BaselinePolicy:
+        if self.min_samples > self.window:
+            raise ValueError(
+                f"min_samples ({self.min_samples}) must be <= window ({self.window}), "
+                "or the window can never hold enough results for a baseline"
+            )
+        if self.floor > self.ratio:
+            raise ValueError(
+                f"floor ({self.floor}) must be <= ratio ({self.ratio}): the floor is the "
+                "lowest the low line may go, and ratio is where it starts"
+            )
+        if self.trigger > self.of:
+            raise ValueError(
+                f"trigger ({self.trigger}) must be <= of ({self.of}): M of the last N results"
+            )
+        # With 2M <= N, "M low" and "M healthy" can hold at once and the verdict would flip on
+        # every result; a strict majority makes the two rules exclusive.
+        if 2 * self.trigger <= self.of:
+            raise ValueError(
+                f"trigger ({self.trigger}) must be more than half of of ({self.of}), "
+                "or degrading and clearing could both apply and the verdict would flap"
+            )
+        return self

@@ -1,0 +1,77 @@
+"""The verdict families: how each series' verdict was reached (its noise, its lines, its
+reference, why it pages), when it was last judged, and the state that keeps it (docs/SIGNAL.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from netmon.baseline.verdict import DEGRADED_REASONS
+from netmon.exposition.families import add_known, family
+from netmon.exposition.snapshot import Snapshot
+
+
+def verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """How each series' verdict was reached: its noise, its line, its count, whether it pages."""
+    names = (
+        "netmon_busbw_baseline_spread_bytes_per_second",
+        "netmon_busbw_low_bound_bytes_per_second",
+        "netmon_low_results",
+        "netmon_judged",
+        "netmon_foreign_cpu_ratio",
+        "netmon_judged_at_floor",
+    )
+    families = [family(name, snapshot) for name in names]
+    spread, bound, lows, judged, foreign, at_floor = families
+    for point in snapshot.series:
+        labels = point.labels()
+        if point.judged is not None:  # a daemon's series (a textfile's has no book)
+            judged.add_metric(labels, 1.0 if point.judged else 0.0)
+            lows.add_metric(labels, float(point.low_recent))
+            if point.judged:
+                at_floor.add_metric(labels, 1.0 if point.at_floor else 0.0)
+        add_known(
+            labels, ((spread, point.spread), (bound, point.low_bound), (foreign, point.foreign_cpu))
+        )
+    yield from families
+    yield from _reference_families(snapshot)
+
+
+def _reference_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """The long-term reference, why a series pages, and when each judged series was last judged
+    (the daemon's start until its first conclusive result: silence ages from the start)."""
+    reference = family("netmon_busbw_reference_bytes_per_second", snapshot)
+    reason = family("netmon_degraded_reason", snapshot)
+    judged_at = family("netmon_last_judged_timestamp_seconds", snapshot)
+    measured = [
+        (p.labels(), p.reference, p.reason, p.judged_at) for p in snapshot.series if p.judged
+    ]
+    restored = [(p.labels(), p.reference, p.reason, None) for p in snapshot.restored if p.judged]
+    for labels, value, why, at in measured + restored:
+        add_known(labels, ((reference, value),))
+        for known in DEGRADED_REASONS:
+            reason.add_metric([*labels, known], 1.0 if why == known else 0.0)
+        judged_at.add_metric(labels, at if at is not None else snapshot.started_at)
+    yield from (reference, reason, judged_at)
+
+
+def result_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Per probe: results of judged series, and series forgotten by reason."""
+    results = family("netmon_series_results", snapshot)
+    for probe, count in sorted(snapshot.series_results.items()):
+        results.add_metric([probe], float(count))
+    resets = family("netmon_reference_resets", snapshot)
+    for (probe, why), count in sorted(snapshot.reference_resets.items()):
+        resets.add_metric([probe, why], float(count))
+    yield from (results, resets)
+
+
+def state_families(snapshot: Snapshot) -> Iterator[Metric]:
+    """Whether this start restored its baselines, and saves that failed since."""
+    restored = family("netmon_baseline_restored", snapshot)
+    restored.add_metric([], 1.0 if snapshot.baseline_restored else 0.0)
+    errors = family("netmon_state_write_errors", snapshot)
+    errors.add_metric([], float(snapshot.state_write_errors))
+    yield from (restored, errors)

@@ -1,0 +1,114 @@
+"""The daemon's baseline book over its life: restored (or not, and why) at start, fitted to
+the hardware it runs on, forgotten where an operator asks, saved after each result.
+
+Everything that can go wrong with state is visible: a start without usable state is logged as
+such and exported (netmon_baseline_restored 0), a failed save is counted
+(netmon_state_write_errors_total), and every forgotten series is logged and counted by reason
+(netmon_reference_resets_total).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from netmon import baseline
+from netmon.baseline import requests
+
+log = logging.getLogger(__name__)
+
+
+class BaselineKeeper:
+    def __init__(
+        self,
+        book: baseline.BaselineBook,
+        state_path: Path | None = None,
+        restored: bool = False,
+    ) -> None:
+        self.book = book
+        self.state_path = state_path
+        self.restored = restored
+        self.write_errors = 0
+        self._resets: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        state_path: Path | None,
+        policy: baseline.BaselinePolicy,
+        identity: Mapping[str, tuple[str, ...]],
+    ) -> BaselineKeeper:
+        """The book from `state_path` (None: the state directory is unusable), fitted to the
+        hardware `identity` and to the operator's pending requests."""
+        if state_path is None:
+            log.warning("starting without baseline state: the state directory is unusable")
+            keeper = cls(baseline.BaselineBook(policy))
+        else:
+            book, warning = baseline.load(state_path, policy)
+            restored = warning is None and state_path.exists()
+            if warning:
+                log.warning("starting without usable baseline state: %s", warning)
+            elif not restored:
+                log.info("no baseline state at %s: a first start, every series learns", state_path)
+            keeper = cls(book, state_path, restored)
+        keeper.adopt_identity(identity)
+        if keeper.take_requests():
+            keeper.save()
+        return keeper
+
+    def adopt_identity(self, identity: Mapping[str, tuple[str, ...]]) -> None:
+        changed, forgotten = self.book.adopt_identity(identity)
+        if changed:
+            self._count(forgotten, "hardware")
+            log.warning(
+                "new hardware (%s): %d series learn their baselines and references afresh",
+                "; ".join(f"{part} {' '.join(ids)}" for part, ids in sorted(changed.items())),
+                len(forgotten),
+            )
+            self.save()
+
+    def take_requests(self) -> list[baseline.BaselineKey]:
+        """Apply the operator's pending `netmon rebaseline` requests, oldest first; the keys
+        forgotten (the caller saves the book)."""
+        if self.state_path is None:
+            return []
+        forgotten: list[baseline.BaselineKey] = []
+        for request in requests.take(self.state_path.parent):
+            if isinstance(request, str):
+                log.warning("%s", request)
+                continue
+            keys = [k for k in self.book.series() if not request.probes or k[0] in request.probes]
+            these = self.book.forget(keys)
+            self._count(these, "operator")
+            log.warning(
+                "rebaseline: %d series forget their baselines and references: %s",
+                len(these),
+                request.describe(),
+            )
+            forgotten += these
+        return forgotten
+
+    def _count(self, keys: Iterable[baseline.BaselineKey], reason: str) -> None:
+        with self._lock:
+            for key in keys:
+                counted = (key[0], reason)
+                self._resets[counted] = self._resets.get(counted, 0) + 1
+
+    def resets(self, probes: Iterable[str]) -> dict[tuple[str, str], int]:
+        """Forgotten series by (probe, reason), 0 for every configured probe's reasons."""
+        with self._lock:
+            counts = {(p, r): 0 for p in probes for r in baseline.RESET_REASONS}
+            return {**counts, **self._resets}
+
+    def save(self) -> None:
+        if self.state_path is None:
+            return
+        try:
+            baseline.save(self.state_path, self.book)
+        except OSError as exc:
+            with self._lock:
+                self.write_errors += 1
+            log.warning("cannot save baselines to %s: %s", self.state_path, exc)
