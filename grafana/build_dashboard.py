@@ -61,6 +61,17 @@ def dashed(ref: str, color: str) -> Json:
     }
 
 
+def dotted(ref: str, color: str) -> Json:
+    """An override drawing one query's series as a dotted line in one colour (references)."""
+    return {
+        "matcher": {"id": "byFrameRefID", "options": ref},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"fill": "dot", "dash": [0, 10]}},
+            {"id": "color", "value": {"mode": "fixed", "fixedColor": color}},
+        ],
+    }
+
+
 def field(matcher: str, options: str, properties: list[Json]) -> Json:
     """A field override: properties for the fields a matcher picks (byName, byType...)."""
     return {"matcher": {"id": matcher, "options": options}, "properties": properties}
@@ -359,7 +370,9 @@ def panels() -> list[Json]:
         timeseries(
             "Bus bandwidth by size",
             "busbw (nccl-tests definition) of every probe and size; dashed: the learned "
-            "baseline; red dashed: the probe's configured min_busbw.",
+            "baseline; dotted: the long-term reference, which never drifts down (only "
+            "netmon rebaseline or new hardware lowers it); red dashed: the probe's configured "
+            "min_busbw.",
             [
                 target(f"netmon_busbw_bytes_per_second{{{PROBE}}}", SERIES),
                 target(
@@ -372,9 +385,14 @@ def panels() -> list[Json]:
                     "min " + SERIES,
                     ref="C",
                 ),
+                target(
+                    f"netmon_busbw_reference_bytes_per_second{{{PROBE}}}",
+                    "reference " + SERIES,
+                    ref="D",
+                ),
             ],
             "Bps",
-            overrides=[dashed("B", "text"), dashed("C", RED)],
+            overrides=[dashed("B", "text"), dashed("C", RED), dotted("D", "purple")],
         ),
         w=12,
         h=9,
@@ -406,7 +424,8 @@ def panels() -> list[Json]:
         state_timeline(
             "Degraded verdicts",
             "netmon_degraded per series: red once M of the last N judged results were low "
-            "(under R x baseline and k spreads under it), green again once they recover. "
+            "(under R x baseline and k spreads under it), or once the recent level fell under "
+            "its line relative to the reference (drift); green again once they recover. "
             "Only judged series can turn red (table 'Verdicts, series by series').",
             [target(f"netmon_degraded{{{PROBE}}}", SERIES)],
             state_mapping(("healthy", GREEN), ("degraded", RED)),
@@ -472,6 +491,44 @@ def panels() -> list[Json]:
             "noisy (cv far over the series' usual). Many for long: netmon cannot judge here.",
             "netmon_inconclusive_results_total",
             only_positive=False,
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Disturbed share, last hour",
+            "Share of each probe's results (of judged series) in the last hour that were "
+            "inconclusive because other work held the CPU ranks' cores (recording rule "
+            "netmon:disturbed_share:ratio1h). At 100 % nothing was judged: the verdicts are "
+            "frozen. Dashed: half.",
+            [
+                target(
+                    f"netmon:disturbed_share:ratio1h{{{PROBE}}}",
+                    "{{instance}} {{probe}}",
+                )
+            ],
+            "percentunit",
+            steps=thresholds((None, GREEN), (0.5, YELLOW)),
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Time since last judged",
+            "Seconds since each judged series' last conclusive result (judged, or learned "
+            "while its baseline forms); since the daemon's start until its first. A healthy "
+            "series stays under its probe's interval. Dashed: one hour, over which "
+            "NetmonNotJudged fires while results keep coming.",
+            [
+                target(
+                    f"time() - netmon_last_judged_timestamp_seconds{{{PROBE}}}",
+                    SERIES,
+                )
+            ],
+            "s",
+            steps=thresholds((None, GREEN), (3600, RED)),
         ),
         w=12,
         h=8,
