@@ -307,12 +307,13 @@ class Results:
             verdict = self._book.observe(
                 key, result.busbw_bytes_per_second, result.cv, foreign, at=now, max_gap=max_gap
             )
-            counted = (probe.name, verdict.inconclusive or "")
             # Only judged series: a size that is never judged loses nothing. Only probes still
             # configured: a run that ends after a reload removed its probe is not re-created.
-            if verdict.judged and counted in self._inconclusive:
-                self._inconclusive[counted] += 1
+            # Every result counts in the denominator, conclusive or not.
+            if verdict.judged and probe.name in self._series_results:
                 self._series_results[probe.name] += 1
+                if verdict.inconclusive:
+                    self._inconclusive[(probe.name, verdict.inconclusive)] += 1
             if verdict.changed:
                 _log_change(key, verdict)
             verdicts.append(verdict)
