@@ -6,6 +6,10 @@ tests/fixtures/healthy_streams.json holds every result of every series of a heal
 `python bench/noise_bench.py --streams tests/fixtures/healthy_streams.json`. Replayed through
 the default policy they give no verdict, and Prometheus, fed the replayed `netmon_degraded`,
 fires no NetmonBusbwDegraded; the same stream with its link cut to 60% does both.
+
+Issue 23: the same streams again, round and round, with the link cut to 0.75x or 0.6x and held
+for 1,000 results: flagged, never cleared while held, cleared once the cut ends, and the reference
+never moves; Prometheus fires NetmonBusbwDegraded after its `for:` and keeps firing to the end.
 """
 
 from __future__ import annotations
@@ -160,10 +164,10 @@ def test_a_cut_held_for_a_thousand_results_is_flagged_and_stays_flagged(
     series: str, to: float
 ) -> None:
     """Issue 23: the default policy, the recorded stream's real noise, the cut begun at every
-    fourth point of it. A held cut is flagged, never cleared while held, cleared within 10
+    second point of it. A held cut is flagged, never cleared while held, cleared within 10
     results once it ends, and the reference never moves."""
     samples = streams()[series]
-    trials = [held_cut_trial(series, to, offset) for offset in range(0, len(samples), 4)]
+    trials = [held_cut_trial(series, to, offset) for offset in range(0, len(samples), 2)]
     assert not any(t["false"] for t in trials)
     assert all(t["held"] for t in trials), [t for t in trials if not t["held"]]
     assert all(t["clear"] is not None and t["clear"] <= 10 for t in trials), trials
@@ -171,10 +175,10 @@ def test_a_cut_held_for_a_thousand_results_is_flagged_and_stays_flagged(
     flags = sorted(t["flag"] for t in trials)
     # Within 10 conclusive results, except where the cut begins in the recording's fast stretch
     # (results at 1.2-1.3x its median for ~10 runs): cut to 0.75x those still read 0.9x, and
-    # nothing is low until the stretch ends. Never more than 20.
+    # nothing is low until the stretch ends (docs/SIGNAL.md: 25 at the worst point of it).
     within = sum(f <= 10 for f in flags) / len(flags)
     assert within >= (0.8 if to > 0.7 else 1.0), flags
-    assert flags[-1] <= 20, flags
+    assert flags[-1] <= 30, flags
     # The cut as the recording continues: its latest quiet results first.
     natural = held_cut_trial(series, to, _last_quiet_stretch(samples))
     assert natural["flag"] <= 10 and natural["held"], natural

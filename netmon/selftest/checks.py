@@ -357,8 +357,10 @@ def noise_row(runs: Sequence[ProbeOutcome], policy: BaselinePolicy) -> Row:
     if lines[worst][1] < NOISE_GOAL:
         detail = (
             f"at {format_size(worst)} runs vary so much that only a fall under "
-            f"{lines[worst][1]:.0%} of the baseline counts as low: more iters, a larger size, "
-            "or a quieter node make the verdict sharper"
+            f"{lines[worst][1]:.0%} of the baseline would count as low: the daemon judges such "
+            f"a size at its floor ({policy.floor:.0%}, netmon_judged_at_floor 1), where a "
+            "shallower cut can hide in the noise; more iters, a larger size, or a quieter node "
+            "make the verdict sharper"
         )
         return Row("noise", name, "FAIL", measured, goal, detail, figures)
     return Row("noise", name, "PASS", measured, goal, figures=figures)
