@@ -519,7 +519,6 @@ class Model:
         self.healthy: deque[bool] = deque(maxlen=policy.of)
         self.level: deque[float] = deque(maxlen=min(policy.level_window, policy.window))
         self.reference: float | None = None
-        self.rise: list[float] = []
         self.degraded = False
 
     def baseline(self) -> float | None:
@@ -542,15 +541,8 @@ class Model:
         baseline = self.baseline()
         if baseline is None:
             return
-        if self.reference is None:
-            if len(self.learned) == self.policy.window:
-                self.reference = baseline
-        elif baseline > self.reference + self.wander():
-            self.rise.append(baseline)
-            if len(self.rise) == self.policy.window:
-                self.reference, self.rise = min(self.rise), []
-        else:
-            self.rise = []
+        if self.reference is None and len(self.learned) == self.policy.window:
+            self.reference = baseline  # and it never moves on its own
 
     def step(self, value: float) -> tuple[float | None, float | None]:
         """The expected level the value is judged against and its ratio to it."""
@@ -576,7 +568,7 @@ class Model:
             self.degraded = sum(self.low) >= policy.trigger or drift
         else:
             clear = max(policy.ratio * expected, (1 + policy.ratio) / 2 * returned)
-            back = level is None or level >= clear
+            back = level is not None and level >= clear
             self.degraded = not (sum(self.healthy) >= policy.trigger and back)
         if healthy and not self.degraded:
             self.learn(value)
@@ -623,3 +615,24 @@ def test_json_round_trip_of_any_history(
             verdict.healthy_samples,
             verdict.low_recent,
         )
+
+
+def test_a_missing_part_is_a_fault_and_only_a_replaced_one_forgets() -> None:
+    book = learned_book()
+    feed(book, [GOOD] * 5, key=("nodes", "all_reduce", 1 << 20, "group", 2))
+    gpus = ("GPU-a", "GPU-b")
+    assert book.adopt_identity({"gpus": gpus, "nics": ("guid-1",)}) == ({}, [])
+    # A GPU off the bus: a fault the references must show, not new hardware.
+    assert book.adopt_identity({"gpus": ("GPU-a",)}) == ({}, [])
+    assert book.missing({"gpus": ("GPU-a",)}) == {"gpus": ["GPU-b"]}
+    assert book.identity["gpus"] == gpus
+    assert book.verdict(KEY) is not None and book.verdict(KEY).baseline == GOOD  # type: ignore[union-attr]
+    # A NIC added is adopted; a NIC replaced forgets only the series that leave the node.
+    assert book.adopt_identity({"nics": ("guid-1", "guid-2")}) == ({}, [])
+    changed, forgotten = book.adopt_identity({"nics": ("guid-1", "guid-3")})
+    assert changed == {"nics": ["guid-2", "guid-3"]}
+    assert forgotten == [("nodes", "all_reduce", 1 << 20, "group", 2)]
+    # A GPU replaced: every series learns afresh.
+    changed, forgotten = book.adopt_identity({"gpus": ("GPU-a", "GPU-c")})
+    assert changed == {"gpus": ["GPU-b", "GPU-c"]} and KEY in forgotten
+    assert book.verdict(KEY) == Verdict(None, None, False, 0, 0)

@@ -10,9 +10,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import netmon.serve.results as results_module
 from netmon import baseline
 from netmon.config import parse_config
 from netmon.exposition.collector import make_registry
@@ -283,7 +285,7 @@ def test_hardware_identity_forgets_only_the_series_on_a_changed_part(tmp_path: P
     assert not keeper.restored
     for n in range(6):
         for key in KEYS:
-            keeper.book.observe(key, 10e9, at=float(n), max_gap=10.0)
+            keeper.book.observe(key, 10e9, at=float(n))
     keeper.save()
     doc = json.loads(saved.read_text())
     assert doc["version"] == 2
@@ -341,19 +343,21 @@ def test_a_result_after_a_pause_settles_again() -> None:
     book = baseline.BaselineBook(baseline.BaselinePolicy(**{**POLICY, "settle": 2}))
     key = KEYS[0]
 
-    def reasons(*times: float) -> list[str | None]:
-        return [book.observe(key, 10e9, at=t, max_gap=5.0).inconclusive for t in times]
+    def reasons(*times: float, resettle: bool = False) -> list[str | None]:
+        return [
+            book.observe(key, 10e9, at=t, resettle=resettle and i == 0).inconclusive
+            for i, t in enumerate(times)
+        ]
 
     assert reasons(0, 1, 2, 3) == ["settling", "settling", None, None]
-    assert reasons(8) == [None]  # exactly max_gap later: not a pause
-    assert reasons(13.5, 14, 15) == ["settling", "settling", None]
-    assert reasons(16, 17) == [None, None]
+    assert reasons(80) == [None]  # a gap alone is not a pause: its probe may have run meanwhile
+    assert reasons(81, 82, 83, resettle=True) == ["settling", "settling", None]
     book.resettle()
-    assert reasons(18, 19, 20) == ["settling", "settling", None]
+    assert reasons(84, 85, 86) == ["settling", "settling", None]
 
 
-def test_a_new_rank_zygote_settles_every_series_and_every_result_is_counted(
-    tmp_path: Path,
+def test_a_new_rank_zygote_or_a_pause_settles_every_series_and_every_result_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = parse_config(
         {
@@ -379,13 +383,19 @@ def test_a_new_rank_zygote_settles_every_series_and_every_result_is_counted(
     results.zygote_started()
     assert run_all() == ["settling"] * 3
     assert run_all() == [None] * 3
+    # The probes then do not run for longer than two intervals (paused, GPUs held by jobs):
+    # their next results settle again.
+    later = time.time() + 10 * max(p.interval for p in config.probes)
+    monkeypatch.setattr(results_module, "time", SimpleNamespace(time=lambda: later))
+    assert run_all() == ["settling"] * 3
+    assert run_all() == [None] * 3
 
     registry = make_registry(results.snapshot)
     for probe, sizes in SIZES.items():
         settling = {"probe": probe, "reason": "settling"}
-        assert registry.get_sample_value("netmon_inconclusive_results_total", settling) == 2 * len(
+        assert registry.get_sample_value("netmon_inconclusive_results_total", settling) == 3 * len(
             sizes
         )
         total = registry.get_sample_value("netmon_series_results_total", {"probe": probe})
-        assert total == 4 * len(sizes)
+        assert total == 6 * len(sizes)
     assert registry.get_sample_value("netmon_zygote_starts_total") == 1

@@ -54,18 +54,17 @@ class BaselineBook:
         foreign_cpu: float | None = None,
         *,
         at: float | None = None,
-        max_gap: float | None = None,
+        resettle: bool = False,
     ) -> Verdict:
         """Judge one result, then learn from it if it is healthy. `cv` is the result's own
         dispersion, `foreign_cpu` the share of the machine's CPUs other processes used while it
-        was measured (None: not known, or not judged on this backend), `at` when it came; a
-        series whose previous result is more than `max_gap` seconds older settles again."""
+        was measured (None: not known, or not judged on this backend), `at` when it came;
+        `resettle`: its probe ran again after a pause, and the series settles again."""
         with self._lock:
             track = self._tracks.get(key)
             if track is None:
                 track = self._tracks[key] = Track.new(self.policy)
-            last = track.last_at
-            if at is not None and max_gap is not None and last is not None and at - last > max_gap:
+            if resettle:
                 track.seen = 0  # after a pause: cold again
             # A cv that is not a finite number says nothing about noise (and must not reach the
             # state file, which holds finite numbers only).
@@ -98,22 +97,39 @@ class BaselineBook:
         self, current: Mapping[str, tuple[str, ...]]
     ) -> tuple[dict[str, list[str]], list[BaselineKey]]:
         """Compare the hardware the references were learned on with `current` and forget the
-        series that depend on a part that changed: every series for the node or a GPU, the
-        series that leave the node for a NIC. Returns {part: [ids gone or new]} and the keys
-        forgotten; a part not known before (or not readable now) is adopted as it is."""
-        changed = {
-            part: sorted(set(self.identity[part]) ^ set(ids))
-            for part, ids in current.items()
-            if self.identity.get(part) and ids and set(self.identity[part]) != set(ids)
-        }
+        series that depend on a part that was replaced: every series for the node or a GPU,
+        the series that leave the node for a NIC. A replacement is an id gone AND a new one
+        come; an id that is only gone (a GPU off the bus, a NIC whose driver failed) is a
+        fault, not new hardware, and must not wipe the references that would show it: the
+        stored identity keeps it. Returns {part: [ids gone, ids new]} of the replaced parts and
+        the keys forgotten; a part not known before (or not readable now) is adopted as it is."""
+        replaced: dict[str, list[str]] = {}
+        adopted = dict(self.identity)
+        for part, ids in current.items():
+            known = set(self.identity.get(part, ()))
+            gone, new = known - set(ids), set(ids) - known
+            if known and gone and new:
+                replaced[part] = sorted(gone) + sorted(new)
+                adopted[part] = tuple(sorted(ids))
+            elif ids:
+                adopted[part] = tuple(sorted(known | set(ids)))  # an added part, or a gap
         forgotten: list[BaselineKey] = []
-        if changed:
-            cross_only = set(changed) == {"nics"}
+        if replaced:
+            cross_only = set(replaced) == {"nics"}
             forgotten = self.forget(
                 k for k in self.series() if not cross_only or k[3] in CROSS_NODE_PATHS
             )
-        self.identity = {**self.identity, **{p: tuple(ids) for p, ids in current.items() if ids}}
-        return changed, forgotten
+        self.identity = adopted
+        return replaced, forgotten
+
+    def missing(self, current: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
+        """Known ids that `current` lacks while nothing replaced them: parts gone missing."""
+        found = {
+            part: sorted(set(self.identity.get(part, ())) - set(ids))
+            for part, ids in current.items()
+            if ids
+        }
+        return {part: gone for part, gone in found.items() if gone}
 
     def verdict(self, key: BaselineKey) -> Verdict | None:
         with self._lock:

@@ -104,7 +104,9 @@ def _tracks(entries: list[_Entry], policy: BaselinePolicy) -> Iterator[tuple[Key
         track = Track.new(policy)
         # The deques' maxlen keeps the newest values and flags under a smaller policy.
         # Values a smaller window lets go are still learned values: kept for the spread.
-        track.older.extend([*entry.older, *entry.learned][: -policy.window or None])
+        track.older.extend(
+            [*entry.older, *entry.learned[: max(len(entry.learned) - policy.window, 0)]]
+        )
         track.learned.extend(entry.learned)
         # Written before cvs were kept, there are none: the usual cv is learned afresh (only
         # its median is used, so fewer cvs than values need not line up).
@@ -116,8 +118,9 @@ def _tracks(entries: list[_Entry], policy: BaselinePolicy) -> Iterator[tuple[Key
             track.reference = track.baseline(policy)
         if track.baseline(policy) is not None:
             track.recent.extend(entry.recent)
-            # Version 1 kept no healthy flags: a result that was not low counted as healthy.
-            track.healthy.extend(entry.healthy or [not low for low in entry.recent])
+            # Version 1 kept no healthy flags (nor a level): a degraded series clears on new
+            # healthy results only.
+            track.healthy.extend(entry.healthy)
             track.recent_values.extend([None] * len(track.recent))  # not kept
             track.degraded = entry.degraded and policy.judges(key[2])
             track.reason = (entry.reason or "low") if track.degraded else None

@@ -40,9 +40,16 @@ class Request(BaseModel):
 
 
 def write(state_dir: Path, probes: tuple[str, ...], reason: str) -> Path:
-    """Leave a request for the daemon; OSError if the state directory cannot take it."""
+    """Leave a request for the daemon; OSError if the state directory cannot take it,
+    PermissionError if this user is not the daemon's (the daemon could not take the request)."""
+    owner = state_dir.stat()
+    if os.geteuid() not in (0, owner.st_uid):
+        raise PermissionError(
+            f"{state_dir} belongs to uid {owner.st_uid}: run as the daemon's user"
+        )
     directory = state_dir / DIRECTORY
     directory.mkdir(parents=True, exist_ok=True)
+    _give(directory, owner)
     request = Request(probes=probes, reason=reason, requested_at=time.time(), by=_user())
     data = request.model_dump_json().encode() + b"\n"
     fd, tmp = tempfile.mkstemp(prefix=".request.", suffix=".tmp", dir=directory)
@@ -51,6 +58,7 @@ def write(state_dir: Path, probes: tuple[str, ...], reason: str) -> Path:
             file.write(data)
         # Named by time then pid: taken in the order they were made.
         final = directory / f"{time.time_ns():020d}-{os.getpid()}.json"
+        _give(Path(tmp), owner)
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -70,6 +78,8 @@ def take(state_dir: Path) -> Iterator[Request | str]:
     for path in names:
         try:
             request = Request.model_validate(json.loads(path.read_bytes()[:10_000]))
+        except FileNotFoundError:  # taken meanwhile
+            continue
         except (OSError, ValueError, ValidationError) as exc:
             why = describe_validation_error(exc) if isinstance(exc, ValidationError) else exc
             with contextlib.suppress(OSError):
@@ -79,6 +89,13 @@ def take(state_dir: Path) -> Iterator[Request | str]:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         yield request
+
+
+def _give(path: Path, owner: os.stat_result) -> None:
+    """Root leaves what it makes to the state directory's owner: the daemon must read and
+    delete the request (sudo netmon rebaseline, a daemon running as its own user)."""
+    if os.geteuid() == 0 and owner.st_uid != 0:
+        os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def _user() -> str:

@@ -60,6 +60,11 @@ def _cmd_rebaseline(args: argparse.Namespace) -> int:
     assert config.state_dir is not None
     try:
         path = requests.write(config.state_dir, tuple(dict.fromkeys(args.probe)), args.reason)
+    except FileNotFoundError:
+        raise UsageError(
+            f"state_dir {config.state_dir} does not exist: give the daemon's --state-dir, or "
+            "--config its configuration"
+        ) from None
     except OSError as exc:
         raise UsageError(
             f"state_dir {config.state_dir}: cannot leave the request ({exc.strerror or exc}); "

@@ -31,8 +31,15 @@ class BaselineKeeper:
         self.state_path = state_path
         self.restored = restored
         self.write_errors = 0
+        # The state directory could not be made at start: every save that cannot happen is a
+        # failed one (NetmonStateWriteFailing), not a silent no-op.
+        self.unusable = False
         self._resets: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
+        # Probe threads end in parallel: one of them at a time takes requests and saves, so a
+        # request is applied once and an older book never lands on disk after a newer one.
+        self._io = threading.Lock()
+        self._warned: set[str] = set()
 
     @classmethod
     def open(
@@ -46,6 +53,7 @@ class BaselineKeeper:
         if state_path is None:
             log.warning("starting without baseline state: the state directory is unusable")
             keeper = cls(baseline.BaselineBook(policy))
+            keeper.unusable = True
         else:
             book, warning = baseline.load(state_path, policy)
             restored = warning is None and state_path.exists()
@@ -60,6 +68,7 @@ class BaselineKeeper:
         return keeper
 
     def adopt_identity(self, identity: Mapping[str, tuple[str, ...]]) -> None:
+        missing = self.book.missing(identity)
         changed, forgotten = self.book.adopt_identity(identity)
         if changed:
             self._count(forgotten, "hardware")
@@ -69,16 +78,30 @@ class BaselineKeeper:
                 len(forgotten),
             )
             self.save()
+        for part, gone in sorted(missing.items()):
+            if part not in changed:
+                log.warning(
+                    "hardware missing since the references were learned (%s: %s): kept, as a "
+                    "fault and not new hardware",
+                    part,
+                    " ".join(gone),
+                )
 
     def take_requests(self) -> list[baseline.BaselineKey]:
         """Apply the operator's pending `netmon rebaseline` requests, oldest first; the keys
         forgotten (the caller saves the book)."""
         if self.state_path is None:
             return []
+        with self._io:
+            return self._take_requests(self.state_path.parent)
+
+    def _take_requests(self, state_dir: Path) -> list[baseline.BaselineKey]:
         forgotten: list[baseline.BaselineKey] = []
-        for request in requests.take(self.state_path.parent):
+        for request in requests.take(state_dir):
             if isinstance(request, str):
-                log.warning("%s", request)
+                if request not in self._warned:  # one that cannot even be set aside stays
+                    self._warned.add(request)
+                    log.warning("%s", request)
                 continue
             keys = [k for k in self.book.series() if not request.probes or k[0] in request.probes]
             these = self.book.forget(keys)
@@ -105,10 +128,14 @@ class BaselineKeeper:
 
     def save(self) -> None:
         if self.state_path is None:
+            if self.unusable:
+                with self._lock:
+                    self.write_errors += 1
             return
-        try:
-            baseline.save(self.state_path, self.book)
-        except OSError as exc:
-            with self._lock:
-                self.write_errors += 1
-            log.warning("cannot save baselines to %s: %s", self.state_path, exc)
+        with self._io:
+            try:
+                baseline.save(self.state_path, self.book)
+            except OSError as exc:
+                with self._lock:
+                    self.write_errors += 1
+                log.warning("cannot save baselines to %s: %s", self.state_path, exc)

@@ -255,13 +255,18 @@ class Results:
         verdicts = []
         with self._lock:
             now = time.time()
+            # The probe did not run for over two intervals (paused, its GPUs held by jobs):
+            # its ranks and devices are cold again, as after a start.
+            previous = self._tally(probe.name).last_run
+            gap = 2 * probe.interval + probe.effective_jitter
+            paused = previous is not None and now - outcome.wall_s - previous > gap
             self._account(probe.name, outcome, now)
             self._tally(probe.name).duration_s = outcome.wall_s
             self._note_transports(probe.name, path, outcome)
             if outcome.failure is None:
                 self._tally(probe.name).last_success = now
                 if export:
-                    verdicts = self._learn(probe, outcome, now, path)
+                    verdicts = self._learn(probe, outcome, now, path, paused)
             self._snapshot = self._build_snapshot()
         self._keep_state()
         return verdicts
@@ -291,7 +296,7 @@ class Results:
         return verdict
 
     def _learn(
-        self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str
+        self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str, paused: bool
     ) -> list[baseline.Verdict]:
         verdicts: list[baseline.Verdict] = []
 
@@ -299,13 +304,10 @@ class Results:
         # host's cores the same way, and a job on its GPU preempts the probe (never judged).
         on_cpu = outcome.spec.backend == "gloo"
 
-        # A series whose last result is older than two intervals was paused: it settles again.
-        max_gap = 2 * probe.interval + probe.effective_jitter
-
         def judge(key: baseline.BaselineKey, result: SizeResult) -> baseline.Verdict:
             foreign = result.foreign_cpu_share if on_cpu else None
             verdict = self._book.observe(
-                key, result.busbw_bytes_per_second, result.cv, foreign, at=now, max_gap=max_gap
+                key, result.busbw_bytes_per_second, result.cv, foreign, at=now, resettle=paused
             )
             # Only judged series: a size that is never judged loses nothing. Only probes still
             # configured: a run that ends after a reload removed its probe is not re-created.
@@ -372,7 +374,9 @@ class Results:
                 judged=verdict.judged,
             )
             for key, verdict in sorted(self._book.verdicts().items())
-            if key not in self._points
+            # A probe a new configuration removed keeps its state (it may come back), but its
+            # series are not exported: a degraded one would page forever.
+            if key not in self._points and key[0] in probes
         )
         return Snapshot(
             series=points,

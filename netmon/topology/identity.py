@@ -7,9 +7,12 @@ a set of ids that change only when the hardware does:
 - nics: an InfiniBand/RoCE HCA's node GUID (/sys/class/infiniband/<dev>/node_guid), and a
   physical network interface's permanent address (/sys/class/net/<if>/address where
   addr_assign_type is 0, NET_ADDR_PERM; sysfs-class-net(5)). Virtual interfaces (veth, bridges,
-  a pod's network namespace) have no device and are left out;
+  a pod's network namespace) have no device and are left out, and so are SR-IOV virtual
+  functions (device/physfn), which come and go as pods take them;
 - node: the board's SMBIOS UUID (/sys/class/dmi/id/product_uuid, readable by root only).
-A part that cannot be read is left out, never compared as empty.
+A part that cannot be read is left out, never compared as empty; an id that is only missing (a
+GPU off the bus) is a fault, not new hardware: only a replacement (an id gone and a new one
+come) forgets (BaselineBook.adopt_identity).
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ def _hca_guids(sys_root: Path) -> list[str]:
 def _permanent_addresses(sys_root: Path) -> list[str]:
     found = []
     for interface in _children(sys_root / "class/net"):
-        if not (interface / "device").exists() or _read(interface / "addr_assign_type") != ("0",):
+        device = interface / "device"
+        # SR-IOV virtual functions (device/physfn) come and go as pods take them.
+        if not device.exists() or (device / "physfn").exists():
+            continue
+        if _read(interface / "addr_assign_type") != ("0",):
             continue
         found += list(_read(interface / "address"))
     return found
