@@ -3,13 +3,16 @@
 The namespaces are joined by one veth pair shaped with `tc ... tbf` (netem does not exist on
 this kernel). At a healthy rate (400 Mbit/s) the group round's baseline is learned; with the
 rate cut to a quarter, `netmon_degraded` must turn 1 and the baseline ratio fall under 0.5
-within three rounds, and clear within three once restored; cut to 60 % (240 Mbit/s), under the
-default policy, it must turn within five rounds and clear within five. bench/cut_depth.py uses
-`measure_cut` for its table of cut depths.
+within three rounds, and clear within ten once restored (the recent level must be back too);
+cut to 60 % (240 Mbit/s), under the default policy, it must turn within five rounds and clear
+within ten. Cut to 70 % and held for 60 rounds (issue 23), it must turn within ten conclusive
+results, stay 1 with its reason at every result of the hold, and clear within ten once
+restored. bench/cut_depth.py uses `measure_cut` for its table of cut depths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import DaemonProcess, secret_file, wait_until
+from netmon import baseline
+from tests.daemon_harness import DaemonProcess, Samples, secret_file, wait_until
 from tests.netns import Link
 
 PORT = 29400
@@ -76,7 +80,7 @@ FAST = {"min_samples": 3, "window": 5, "ratio": 0.8, "trigger": 2, "of": 3}
 @dataclass
 class CutResult:
     """Rounds (group round results) from the cut to the verdict, and from the repair to its end;
-    None: not within `limit` rounds."""
+    None: not within the limit."""
 
     baseline: float
     to_verdict: int | None
@@ -91,9 +95,27 @@ def measure_cut(
     limit: int,
     policy: dict[str, Any] | None = None,
     healthy: str = "400mbit",
+    clear_limit: int | None = None,
 ) -> CutResult:
     """Two daemons learn the group round at `healthy`; the cable is cut to `rate` for at most
-    `limit` rounds, then restored for at most `limit` rounds."""
+    `limit` rounds, then restored for at most `clear_limit` rounds (`limit` unless given)."""
+    with node_group(link, tmp_path, policy, healthy) as (leader, learned):
+        link.shape(rate)
+        to_verdict = _rounds_until(leader, 1.0, limit)
+        ratio = leader.value("netmon_busbw_baseline_ratio", **KEY)
+        link.shape(healthy)
+        to_clear = (
+            _rounds_until(leader, 0.0, clear_limit or limit) if to_verdict is not None else None
+        )
+        return CutResult(learned, to_verdict, ratio, to_clear)
+
+
+@contextlib.contextmanager
+def node_group(
+    link: Link, tmp_path: Path, policy: dict[str, Any] | None, healthy: str
+) -> Iterator[tuple[DaemonProcess, float]]:
+    """Two daemons, one in each namespace, with the cable at `healthy`: yields the leader once
+    its baseline is learned, and that baseline; stops both and finds nothing of theirs left."""
     members = [f"{address}:{PORT}" for address in link.addresses]
     link.shape(healthy)
     daemons = [
@@ -102,22 +124,13 @@ def measure_cut(
     ]
     leader = daemons[0]  # the lower-named member hosts rank 0 and exports the round
     try:
-
-        def value(name: str) -> float | None:
-            return leader.value(name, **KEY)
-
-        baseline = wait_until(
-            lambda: value("netmon_busbw_baseline_bytes_per_second"),
+        learned = wait_until(
+            lambda: leader.value("netmon_busbw_baseline_bytes_per_second", **KEY),
             180,
             "a learned baseline at the healthy rate",
         )
-        assert baseline > 0 and value("netmon_degraded") == 0.0
-        link.shape(rate)
-        to_verdict = _rounds_until(leader, 1.0, limit)
-        ratio = value("netmon_busbw_baseline_ratio")
-        link.shape(healthy)
-        to_clear = _rounds_until(leader, 0.0, limit) if to_verdict is not None else None
-        return CutResult(baseline, to_verdict, ratio, to_clear)
+        assert learned > 0 and leader.value("netmon_degraded", **KEY) == 0.0
+        yield leader, learned
     finally:
         for daemon in daemons:
             if daemon.proc.poll() is None:
@@ -155,18 +168,153 @@ def _rounds_until(leader: DaemonProcess, degraded: float, limit: int) -> int | N
 def test_a_quartered_link_turns_degraded_within_three_rounds_and_clears(
     link: Link, tmp_path: Path
 ) -> None:
-    result = measure_cut(link, tmp_path, "100mbit", limit=3, policy=FAST)
+    # Clearing needs the recent level back as well (the median of the last five results here,
+    # FAST's window): three results at the restored rate, a fourth when the repair lands in the
+    # middle of a round, more when the machine's other work leaves results unjudged.
+    result = measure_cut(link, tmp_path, "100mbit", limit=3, policy=FAST, clear_limit=10)
     assert result.to_verdict is not None, "not degraded within 3 rounds"
     assert result.ratio_at_verdict is not None and result.ratio_at_verdict < 0.5
-    assert result.to_clear is not None, "not cleared within 3 rounds"
+    assert result.to_clear is not None, "not cleared within 10 rounds"
 
 
-def test_a_link_cut_to_60_percent_degrades_within_five_rounds_and_clears_within_five(
+def test_a_link_cut_to_60_percent_degrades_within_five_rounds_and_clears_within_ten(
     link: Link, tmp_path: Path
 ) -> None:
     # The default policy (3 of the last 5 low, settling, the spread margin): a lane or a NIC
-    # speed lost falls to 50-75 %, not to a quarter.
-    result = measure_cut(link, tmp_path, "240mbit", limit=5)
+    # speed lost falls to 50-75 %, not to a quarter. Clearing needs 3 of the last 5 healthy and
+    # the recent level (the median of the last 9) back: up to 5 results after a 5-result cut,
+    # more when the machine's other work leaves results unjudged.
+    result = measure_cut(link, tmp_path, "240mbit", limit=5, clear_limit=10)
     assert result.to_verdict is not None, "not degraded within 5 rounds"
     assert result.ratio_at_verdict is not None and result.ratio_at_verdict < 0.8
-    assert result.to_clear is not None, "not cleared within 5 rounds"
+    assert result.to_clear is not None, "not cleared within 10 rounds"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The leader's series after its latest result: how many results came since the previous
+    reading and how many of them were conclusive (judged or learned: not settling, disturbed
+    or noisy), and the verdict they left."""
+
+    results: int
+    conclusive: int
+    degraded: float | None
+    reasons: dict[str, float | None]
+    ratio: float | None
+
+    def why(self) -> list[str]:
+        return [reason for reason, value in self.reasons.items() if value == 1.0]
+
+
+class Results:
+    """Follows the group round's series on the leader, one reading per result.
+
+    A reading is taken when netmon_series_results_total moves, and the counts come from the
+    counters, not from how often the test looked: a reading that spans two results says so.
+    The rule counts conclusive results only (an inconclusive one never turns the verdict), and
+    on a 2-core machine another process's CPU makes results inconclusive, so the limits below
+    are in conclusive results; each result is still read, conclusive or not. One scrape per
+    poll, four polls a second, as in _rounds_until."""
+
+    def __init__(self, leader: DaemonProcess) -> None:
+        self.leader = leader
+        self._results, self._conclusive = self._counts(leader.scrape())
+
+    @staticmethod
+    def _counts(samples: Samples) -> tuple[float, float]:
+        results = samples.get(("netmon_series_results_total", frozenset({("probe", "cross")})))
+        inconclusive = sum(
+            samples.get(
+                (
+                    "netmon_inconclusive_results_total",
+                    frozenset({("probe", "cross"), ("reason", reason)}),
+                ),
+                0.0,
+            )
+            for reason in baseline.INCONCLUSIVE_REASONS
+        )
+        assert results is not None, "no netmon_series_results_total for the group probe"
+        return results, results - inconclusive
+
+    def next(self, timeout: float = 60) -> Reading:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            samples = self.leader.scrape()
+            results, conclusive = self._counts(samples)
+            if results > self._results:
+                reading = Reading(
+                    results=round(results - self._results),
+                    conclusive=round(conclusive - self._conclusive),
+                    degraded=samples.get(("netmon_degraded", frozenset(KEY.items()))),
+                    reasons={
+                        reason: samples.get(
+                            (
+                                "netmon_degraded_reason",
+                                frozenset({**KEY, "reason": reason}.items()),
+                            )
+                        )
+                        for reason in baseline.DEGRADED_REASONS
+                    },
+                    ratio=samples.get(("netmon_busbw_baseline_ratio", frozenset(KEY.items()))),
+                )
+                self._results, self._conclusive = results, conclusive
+                return reading
+            time.sleep(0.25)
+        raise AssertionError(f"no result of the group round in {timeout} s")
+
+
+HELD_ROUNDS = 60  # conclusive results at the cut rate
+WITHIN = 10  # conclusive results to the verdict, and from the repair to the clearing
+# A stall guard, not a pace: a result comes every 1.2 s or so on an idle machine, and other
+# work on a 2-core one leaves many inconclusive (one busy core is half its CPUs), uncounted.
+SECONDS_PER_RESULT = 6
+
+
+# The learning (up to 180 s) and the guards below exceed the default 300 s on a busy machine.
+@pytest.mark.timeout(180 + (HELD_ROUNDS + WITHIN) * SECONDS_PER_RESULT + 120)
+def test_a_link_held_at_70_percent_for_60_rounds_stays_degraded_and_clears_when_restored(
+    link: Link, tmp_path: Path
+) -> None:
+    # Issue 23: a cut that lasts must never become the series' new normal. At 70 % the results
+    # sit just over the floor (0.7 x expected) and under the low line (0.8 x): degraded as
+    # "low" (3 of the last 5) or "drift" (the recent level), and never healthy enough to clear.
+    with node_group(link, tmp_path, None, "400mbit") as (leader, _):
+        results = Results(leader)
+        link.shape("280mbit")
+        deadline = time.monotonic() + HELD_ROUNDS * SECONDS_PER_RESULT
+        held, seen, flagged_at, reasons = 0, 0, None, set()
+        while held < HELD_ROUNDS:
+            assert time.monotonic() < deadline, f"only {held} conclusive of {seen} results"
+            reading = results.next()
+            held, seen = held + reading.conclusive, seen + reading.results
+            if flagged_at is None:
+                if reading.degraded != 1.0:
+                    assert held < WITHIN, f"not degraded within {WITHIN} conclusive results"
+                    assert reading.why() == [], f"a reason while not degraded: {reading}"
+                    continue
+                # The verdict turned at one of this reading's results (one, unless unread).
+                flagged_at = held - reading.conclusive + 1
+                assert flagged_at <= WITHIN, f"not degraded within {WITHIN} conclusive results"
+                assert reading.ratio is not None and reading.ratio < 0.8, reading
+            else:
+                assert reading.results == 1, f"result {seen} of the cut was not read"
+                assert reading.degraded == 1.0, f"cleared at result {seen} ({held} conclusive)"
+            assert len(reading.why()) == 1, f"degraded needs one reason: {reading.reasons}"
+            reasons.update(reading.why())
+        print(f"degraded at conclusive result {flagged_at} ({sorted(reasons)}); held for {seen}")
+
+        link.shape("400mbit")
+        deadline = time.monotonic() + WITHIN * SECONDS_PER_RESULT
+        repaired = 0
+        while True:
+            assert time.monotonic() < deadline, f"only {repaired} conclusive results"
+            reading = results.next()
+            repaired += reading.conclusive
+            if reading.degraded == 0.0:
+                repaired -= reading.conclusive - 1
+                break
+            assert reading.degraded == 1.0 and len(reading.why()) == 1, reading
+            assert repaired < WITHIN, f"not cleared within {WITHIN} conclusive results"
+        assert repaired <= WITHIN, f"not cleared within {WITHIN} conclusive results"
+        assert reading.why() == [], f"a reason left after clearing: {reading.reasons}"
+        print(f"cleared at conclusive result {repaired} after the repair")
