@@ -563,14 +563,17 @@ class Model:
         self.healthy.append(healthy)
         full = len(self.level) == self.level.maxlen
         level = statistics.median(self.level) if full else None
+        clear = max(policy.ratio * expected, (1 + policy.ratio) / 2 * returned)
         if not self.degraded:
             drift = level is not None and level < policy.ratio * expected
             self.degraded = sum(self.low) >= policy.trigger or drift
         else:
-            clear = max(policy.ratio * expected, (1 + policy.ratio) / 2 * returned)
             back = level is not None and level >= clear
             self.degraded = not (sum(self.healthy) >= policy.trigger and back)
-        if healthy and not self.degraded:
+        # Not learned while the recent level is under halfway from the drift line to the
+        # clearing line.
+        steady = level is None or level >= (policy.ratio * expected + clear) / 2
+        if healthy and not self.degraded and steady:
             self.learn(value)
         return expected, ratio
 

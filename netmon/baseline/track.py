@@ -80,7 +80,6 @@ class Track:
     degraded: bool = False
     reason: str | None = None
     seen: int = 0  # results since settling began (a start, a new zygote, a pause)
-    last_at: float | None = None  # when the latest result came, conclusive or not
     judged_at: float | None = None  # when the latest conclusive result came
 
     @classmethod
@@ -235,7 +234,14 @@ def judge(
     # that is healthy now (the result that clears a degradation counts). A result between the
     # low line and the healthy line may be the series' noise, not yet a fault, and is not
     # learned either: a moderate cut hiding in a wide spread must not pull the baseline down.
-    if healthy and not track.degraded:
+    # Nor while the recent level is well under the expected level: the top of a cut's spread would
+    # be learned, result by result, before the verdict turns (measured on a recording whose
+    # level ran 10-15 % higher in its second half: the baseline fell from 1.05x to 0.8x).
+    # Halfway between the drift line and the clearing line: higher, healthy noise would stop
+    # learning in its own low stretches and bias the baseline up.
+    level = track.recent_level(policy)
+    steady = level is None or level >= (lines.level + lines.clear) / 2
+    if healthy and not track.degraded and steady:
         track.learn(busbw, cv, policy, judged=True)
     return track.verdict(
         policy,
@@ -274,7 +280,6 @@ def step(
     """One result of the track's series: inconclusive, learned, shown, or judged."""
     is_usable = usable(busbw)
     track.seen += 1
-    track.last_at = at
     baseline, expected = track.baseline(policy), track.expected(policy)
     ratio = busbw / expected if expected is not None and is_usable else None
     reason = inconclusive(track, policy, cv, foreign_cpu, is_usable)
