@@ -19,9 +19,9 @@ from netmon.exposition.collector import (
     COLLECTORS,
     FailureLog,
     SnapshotPage,
-    family,
     make_registry,
 )
+from netmon.exposition.families import family
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.snapshot import Snapshot
 from netmon.gpu.linkhealth import LinkHealth

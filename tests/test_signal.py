@@ -31,9 +31,13 @@ GB = 1e9
 
 
 def feed(
-    book: BaselineBook, values: Iterable[float], key: BaselineKey = LARGE, **fields: float
+    book: BaselineBook,
+    values: Iterable[float],
+    key: BaselineKey = LARGE,
+    cv: float = 0.0,
+    foreign_cpu: float | None = None,
 ) -> list[Verdict]:
-    return [book.observe(key, value, **fields) for value in values]
+    return [book.observe(key, value, cv, foreign_cpu) for value in values]
 
 
 def test_robust_spread_ignores_outliers_that_a_standard_deviation_follows() -> None:
