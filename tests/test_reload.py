@@ -59,7 +59,7 @@ def test_a_bad_reload_keeps_the_old_configuration_and_a_good_one_applies(
     assert "needs a restart" in daemon.log()
 
     # The baseline book is sized by its policy at start: a change is refused, not ignored.
-    daemon.config_path.write_text(yaml.safe_dump({**good, "baseline": {"ratio": 0.5}}))
+    daemon.config_path.write_text(yaml.safe_dump({**good, "baseline": {"ratio": 0.75}}))
     hangup(daemon)
     wait_until(
         lambda: daemon.value("netmon_config_reload_failures_total") == 3.0,
