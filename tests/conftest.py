@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+import pytest
+
+if TYPE_CHECKING:  # the harness imports this module
+    from tests.daemon_harness import DaemonProcess
 
 T = TypeVar("T")
 
@@ -59,3 +64,13 @@ def listening_ports() -> set[int]:
             if fields[3] == "0A":  # LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    """Daemons a test starts (tests.daemon_harness), killed with their ranks if still running."""
+    started: list[DaemonProcess] = []
+    yield started
+    for daemon in started:
+        if daemon.proc.poll() is None:
+            daemon.kill_all()

@@ -6,10 +6,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
 
@@ -23,15 +20,6 @@ CONTRACT = [
     "netmon_probe_busy_seconds_total",
     "netmon_build_info",
 ]
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.proc.poll() is None:
-            daemon.kill_all()
 
 
 def start(daemons: list[DaemonProcess], tmp_path: Path, **overrides: object) -> DaemonProcess:

@@ -9,24 +9,12 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file, series, wait_until
 from tests.prometheus_harness import free_port
 
 LONG = {"name": "long", "sizes": ["16M"], "interval": "1h", "iters": 500, "warmup": 1}
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.proc.poll() is None:
-            daemon.kill_all()
 
 
 def ranks_of(daemon: DaemonProcess) -> list[int]:

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,15 +50,6 @@ SERIES = [
 ]
 REFERENCE = "netmon_busbw_reference_bytes_per_second"
 RESETS = "netmon_reference_resets_total"
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.proc.poll() is None:
-            daemon.kill_all()
 
 
 def start(daemons: list[DaemonProcess], tmp_path: Path, **overrides: object) -> DaemonProcess:

@@ -342,15 +342,6 @@ def test_closing_the_zygote_ends_it_and_any_rank_it_has(zygotes: list[Zygote]) -
 # ---- in the daemon ----
 
 
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    started: list[DaemonProcess] = []
-    yield started
-    for daemon in started:
-        if daemon.proc.poll() is None:
-            daemon.kill_all()
-
-
 def _zygote_of(daemon: DaemonProcess) -> int | None:
     for pid in daemon.tagged_processes():
         try:
