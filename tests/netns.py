@@ -1,6 +1,6 @@
 """Network namespaces joined by veth pairs to a bridge: real links between test 'hosts'.
 
-Each member namespace has `eth0` with 10.231.<net>.1<i>/24; the bridge lives in a namespace of
+Each member namespace has `eth0` with 10.<net>.0.1<i>/24; the bridge lives in a namespace of
 its own, so the host's networking is never touched. `tc ... tbf` on both ends of a member's veth
 shapes that member's link in both directions (netem does not exist on this kernel).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from collections.abc import Sequence
 
 import pytest
 
@@ -40,6 +41,13 @@ class _Spaces:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
         self._created.clear()
 
+    def pids(self, name: str) -> list[int]:
+        """Processes whose network namespace is `name`: what must be gone before it is deleted."""
+        listed = subprocess.run(
+            ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30
+        ).stdout
+        return [int(pid) for pid in listed.split()]
+
     def existing(self) -> list[str]:
         listed = subprocess.run(
             ["ip", "netns", "list"], capture_output=True, text=True, timeout=30
@@ -52,11 +60,16 @@ class _Spaces:
 
 
 class Namespaces(_Spaces):
-    def __init__(self, members: int, net: int = 231) -> None:
+    """`members` namespaces on one bridge; member i is named nm<tag>-<labels[i]> (default: i)."""
+
+    def __init__(self, members: int, net: int = 231, labels: Sequence[str] | None = None) -> None:
         super().__init__()
         self.net = net
         self.bridge_ns = f"nmb{self.tag}"
-        self.names = [f"nm{self.tag}-{i}" for i in range(members)]
+        labels = [str(i) for i in range(members)] if labels is None else list(labels)
+        if len(labels) != members:
+            raise ValueError(f"{members} members but {len(labels)} labels")
+        self.names = [f"nm{self.tag}-{label}" for label in labels]
         try:
             self._build()
         except BaseException:
