@@ -20,7 +20,7 @@ from typing import TypeAlias
 from netmon.baseline import document
 from netmon.baseline import track as rule
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.track import Track
+from netmon.baseline.track import Lines, Track
 from netmon.baseline.verdict import Verdict
 
 # (probe, op, size_bytes, path, ranks): a probe on the idle set keeps one baseline per rank count.
@@ -72,6 +72,25 @@ class BaselineBook:
             verdict = rule.step(track, self.policy, key[2], float(busbw), cv, foreign_cpu, at)
             self._verdicts[key] = verdict
             return verdict
+
+    def lines(self, key: BaselineKey) -> Lines | None:
+        """The lines the series' next result would be judged by; None while it learns."""
+        with self._lock:
+            track = self._tracks.get(key)
+            return None if track is None else track.lines(self.policy, key[2])
+
+    def learn_healthy(self, key: BaselineKey, busbw: float) -> bool:
+        """Learn a result judged elsewhere (a sweep's pair that passed), under the same rule as
+        observe(): only a result at or over the series' healthy line is learned."""
+        with self._lock:
+            track = self._tracks.get(key)
+            if track is None:
+                track = self._tracks[key] = Track.new(self.policy)
+            lines = track.lines(self.policy, key[2])
+            if not rule.usable(busbw) or (lines is not None and busbw < lines.healthy):
+                return False
+            track.learn(float(busbw), 0.0, self.policy, judged=True)
+            return True
 
     def resettle(self) -> None:
         """Every series settles again: the ranks' process (a new rank zygote) is new."""

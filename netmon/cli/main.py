@@ -19,6 +19,7 @@ from netmon.cli import (
     probe_command,
     rebaseline_command,
     selftest_command,
+    sweep_command,
     topo_command,
 )
 from netmon.errors import UsageError
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo_command.add_parser(commands)
     selftest_command.add_parser(commands)
     rebaseline_command.add_parser(commands)
+    sweep_command.add_parser(commands)
     for name in SIMULATED_COMMANDS:
         commands.choices[name].add_argument(
             "--simulate",

@@ -1,0 +1,161 @@
+"""`netmon sweep`: one sweep of a partition's idle nodes through Slurm (docs/SWEEPS.md).
+
+Exit codes: 0 no suspect; 1 suspects named; 2 a usage or configuration error; 3 the sweep could
+not run (the controller unreachable, too few idle nodes, another sweep running, no pair
+measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED
+from netmon.errors import UsageError
+
+EXIT_NO_SWEEP = EXIT_PROBE_FAILED  # 3
+
+
+def add_parser(commands: Any) -> None:
+    sweep = commands.add_parser(
+        "sweep",
+        help="sweep a cluster's idle nodes in pairs through Slurm; name the bad end",
+        description="Measure node pairs from a partition's idle nodes, each pair its own "
+        "preemptible Slurm job: round 1 a random matching, later rounds pair each end of a "
+        "failed pair with a node that passed. Exit 0: no suspect; 1: suspects; 3: could not run.",
+    )
+    sweep.add_argument("--partition", help="the preemptible partition the pairs run in")
+    sweep.add_argument(
+        "--nodelist", help="only these nodes, in Slurm's hostlist syntax (default: all idle)"
+    )
+    sweep.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    sweep.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("NETMON_CONFIG") or None,
+        help="netmon YAML with a `sweep:` section (default: $NETMON_CONFIG, else defaults)",
+    )
+    sweep.add_argument("--state-dir", type=Path, help="where the nodes' history is kept")
+    sweep.add_argument("--seed", type=int, help="seed of the random matching (default: random)")
+    sweep.set_defaults(handler=_cmd_sweep)
+
+
+def _settings(args: argparse.Namespace) -> tuple[Any, Any, Path]:
+    from netmon import config as cfg
+    from netmon.sweep.settings import SweepConfig
+
+    config = cfg.resolve(cfg.load_config(args.config), 0)
+    settings = config.sweep or SweepConfig()
+    assert config.state_dir is not None  # resolve() sets it
+    directory = args.state_dir or settings.state_dir or config.state_dir / "sweep"
+    return config, settings, directory
+
+
+def _secret(settings: Any) -> bytes | None:
+    from netmon.group.auth import read_secret
+
+    if settings.secret_file is None:
+        return None
+    try:
+        return read_secret(settings.secret_file)
+    except ValueError as exc:
+        raise UsageError(f"sweep.secret_file: {exc}") from None
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from netmon.sweep import history
+    from netmon.sweep.runner import CouldNotRun, new_sweep_id
+
+    config, settings, directory = _settings(args)
+    partition = args.partition or settings.partition
+    if not partition:
+        raise UsageError("--partition: name the preemptible partition (or set sweep.partition)")
+    secret = _secret(settings)
+    sweep_id = new_sweep_id()
+    try:
+        with history.exclusive(directory):
+            whole = _sweep(args, config, settings, directory, sweep_id, partition, secret)
+    except (CouldNotRun, history.Busy) as exc:
+        return _could_not_run(args, sweep_id, str(exc))
+    _print(args, whole)
+    return EXIT_GATE if whole["suspects"] else EXIT_OK
+
+
+def _sweep(
+    args: argparse.Namespace,
+    config: Any,
+    settings: Any,
+    directory: Path,
+    sweep_id: str,
+    partition: str,
+    secret: bytes | None,
+) -> dict[str, Any]:
+    from netmon.sweep import deliver, history, report
+    from netmon.sweep.runner import run_sweep
+    from netmon.sweep.slurm import SlurmScheduler
+
+    book = history.load(directory, config.baseline)
+    scheduler = SlurmScheduler(settings, sweep_id, partition)
+    rng = random.Random(args.seed)
+    outcome = run_sweep(
+        scheduler,
+        settings,
+        book,
+        sweep=sweep_id,
+        partition=partition,
+        nodelist=args.nodelist,
+        rng=rng,
+    )
+    history.save(directory, book)
+    whole = outcome.whole
+    if secret is None:
+        whole["delivered"] = {}
+        whole["notes"] = ["not delivered to the daemons: sweep.secret_file is not set"]
+        return whole
+    reports = report.node_reports(sweep_id, outcome.localiser, outcome.finished_at)
+    whole["delivered"] = deliver.deliver(
+        reports,
+        scheduler.addresses,
+        secret,
+        scheme=settings.daemon_scheme,
+        port=settings.daemon_port,
+        ca_file=settings.ca_file,
+    )
+    return whole
+
+
+def _could_not_run(args: argparse.Namespace, sweep_id: str, why: str) -> int:
+    print(f"netmon sweep: could not run: {why}", file=sys.stderr)
+    if args.json:
+        empty = {"sweep": sweep_id, "error": why, "rounds": 0, "pairs": [], "suspects": []}
+        print(json.dumps(empty, indent=2))
+    return EXIT_NO_SWEEP
+
+
+def _print(args: argparse.Namespace, whole: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(whole, indent=2))
+        return
+    print(
+        f"sweep {whole['sweep']}: {len(whole['nodes'])} nodes, {whole['rounds']} round(s), "
+        f"{whole['wall_seconds']:.1f} s"
+    )
+    print(f"{'round':>5}  {'pair':<40} {'outcome':<10} {'busbw GB/s':>10}  detail")
+    for pair in whole["pairs"]:
+        busbw = f"{pair['busbw'] / 1e9:.3f}" if pair["busbw"] is not None else "-"
+        label = "-".join(pair["nodes"])[:40]
+        print(
+            f"{pair['round']:>5}  {label:<40} {pair['outcome']:<10} {busbw:>10}  {pair['detail']}"
+        )
+    for suspect in whole["suspects"]:
+        where = f" (the path to {suspect['peer']})" if "peer" in suspect else ""
+        print(f"SUSPECT {suspect['node']}{where}, rails {suspect['rails']}")
+    if whole["undecided"]:
+        print(f"undecided (failed, not confirmed in time): {', '.join(whole['undecided'])}")
+    if not whole["suspects"]:
+        print("no suspect")

@@ -1,0 +1,108 @@
+"""Whether one rail of one pair passed: against its cohort in this sweep, against each end's
+learned history, and against `min_busbw`. Pure: values in, a verdict out.
+
+A random matching rarely repeats a pair, so a per-pair baseline would seldom exist; the pairs of
+one class (same rail, same fabric tier) measured in the same sweep are the comparison instead,
+and each node's own history of passing pairs (the daemon's rule: expected level with the
+long-term reference, a spread-aware line, never under the floor) is the second. A fault only
+slows a pair down, so the cohort's level is its upper quartile: it stays put while up to three
+quarters of a class are slow, and a first sweep on a new cluster already names an outlier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from netmon.bandwidth import percentile
+from netmon.baseline import robust
+from netmon.baseline.book import BaselineBook, BaselineKey
+from netmon.baseline.policy import BaselinePolicy
+from netmon.baseline.track import Lines
+
+# A cohort's spread counts once it holds this many values (a MAD of fewer says little).
+MIN_COHORT_SPREAD = 5
+COHORT_QUANTILE = 0.75
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a pair is judged by; from the `sweep:` and `baseline:` settings."""
+
+    policy: BaselinePolicy = field(default_factory=BaselinePolicy)
+    size: int = 16 << 20
+    cohort_ratio: float = 0.8
+    min_cohort: int = 3
+    min_busbw: float | None = None
+
+
+@dataclass(frozen=True)
+class RailVerdict:
+    rail: int
+    busbw: float
+    passed: bool
+    expected: float | None  # the level the ratio is taken to: history's, else the cohort's
+    lines: Mapping[str, float]  # each applicable line by name: cohort, history, min_busbw
+    failed_by: tuple[str, ...]  # the lines it fell under
+
+    @property
+    def ratio(self) -> float | None:
+        return self.busbw / self.expected if self.expected else None
+
+
+def tier(leaves: Sequence[str | None]) -> str:
+    """A pair's fabric tier: under one leaf, across leaves, or not known."""
+    if any(leaf is None for leaf in leaves):
+        return "any"
+    return "leaf" if len(set(leaves)) == 1 else "spine"
+
+
+def history_key(node: str, rail: int, size: int) -> BaselineKey:
+    """The series of one node's rail in the sweep history (a BaselineBook)."""
+    return ("sweep", "all_reduce", size, f"{node}/rail{rail}", 2)
+
+
+def cohort_line(
+    values: Sequence[float], rules: Rules, relative_spread: float = 0.0
+) -> tuple[float, float] | None:
+    """(level, line) of a class's values in this sweep; None for a class too small.
+
+    `relative_spread`: the pair's own noise as history knows it (spread / expected): a cohort
+    of a few pairs cannot tell its own, and a line drawn without it pages on noise."""
+    if len(values) < rules.min_cohort:
+        return None
+    level = percentile(sorted(values), COHORT_QUANTILE)
+    own = robust.spread(values) if len(values) >= MIN_COHORT_SPREAD else 0.0
+    spread = max(own, relative_spread * level)
+    raw = robust.low_bound(level, spread, rules.cohort_ratio, rules.policy.spread_k)
+    line, _ = robust.floored(raw, level, rules.policy.floor_for(rules.size))
+    return level, line
+
+
+def history_lines(book: BaselineBook, nodes: Sequence[str], rail: int, size: int) -> Lines | None:
+    """The lines of the end with the lower expected level: a pair runs at its slower end."""
+    known = [book.lines(history_key(node, rail, size)) for node in nodes]
+    present = [lines for lines in known if lines is not None]
+    return min(present, key=lambda lines: lines.expected) if present else None
+
+
+def judge_rail(
+    rail: int,
+    busbw: float,
+    cohort: Sequence[float],
+    history: Lines | None,
+    rules: Rules,
+) -> RailVerdict:
+    lines: dict[str, float] = {}
+    expected: float | None = None
+    noise = history.spread / history.expected if history and history.expected > 0 else 0.0
+    found = cohort_line(cohort, rules, noise)
+    if found is not None:
+        expected, lines["cohort"] = found
+    if history is not None:
+        lines["history"] = history.low
+        expected = history.expected
+    if rules.min_busbw is not None:
+        lines["min_busbw"] = rules.min_busbw
+    failed = tuple(name for name, line in lines.items() if not busbw >= line)
+    return RailVerdict(rail, busbw, not failed, expected, lines, failed)

@@ -1,0 +1,147 @@
+"""What a sweep pair's job runs on each of its nodes (`srun python -m netmon.sweep.rank`).
+
+One task per rail per node: the task of local id k on each node joins rail k's communicator,
+one rank per node, and times an all_reduce across the nodes (busbw as nccl-tests defines it).
+With GPUs it takes GPU k (PCI order, as NVML counts) over NCCL, and refuses a GPU some process
+already holds ("busy"); without, gloo on the CPU. The interface that carries the traffic is the
+node's own: its netmon config's `env` (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) is applied.
+
+The sweep passes, in the environment: NETMON_SWEEP_NODES (name=address of each node, rank
+order), NETMON_SWEEP_PORT (rail k's store listens on port + k on the first node), and the
+measurement's size, warmup, iters and deadline. The task on the first node of each rail prints
+one line, `NETMON-SWEEP {json}`. A watchdog ends the task at its deadline, so nothing outlives
+the pair, whatever the scheduler manages to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STARTED_AT = time.time()  # before torch is imported: the scheduler's overhead ends here
+PREFIX = "NETMON-SWEEP "
+EXIT_BUSY = 75  # the GPU was in use: the pair is skipped as busy, not failed
+
+
+def _nodes(text: str) -> list[tuple[str, str]]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    return [(name, address) for name, address in pairs]
+
+
+def _node_env(path: Path) -> dict[str, str]:
+    """The node's netmon config `env` (the traffic's interface), where the file exists."""
+    if not path.is_file():
+        return {}
+    from netmon.config import load_document
+
+    env = load_document(path).get("env") or {}
+    return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
+
+
+def _watchdog(deadline: float) -> None:
+    def expire() -> None:
+        time.sleep(max(0.0, deadline - time.time()))
+        print(f"netmon sweep rank: deadline reached on {os.uname().nodename}", file=sys.stderr)
+        os._exit(124)
+
+    threading.Thread(target=expire, name="deadline", daemon=True).start()
+
+
+def _gpu_busy(index: int) -> bool:
+    from netmon.gpu.nvml import NvmlSource
+
+    with NvmlSource() as source:
+        readings = {r.index: r for r in source.read()}
+    reading = readings.get(index)
+    return reading is not None and bool(reading.compute_pids)
+
+
+def _nvml_index(rail: int, environ: Mapping[str, str]) -> int:
+    visible = [v for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if rail < len(visible) and visible[rail].strip().isdigit():
+        return int(visible[rail])
+    return rail
+
+
+def measure(
+    dist: Any, torch: Any, device: Any, size: int, warmup: int, iters: int
+) -> tuple[float, list[float]]:
+    """(busbw, per-iteration seconds) of an all_reduce of `size` bytes across the group."""
+    from netmon.bandwidth import busbw
+
+    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
+    times: list[float] = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    world = dist.get_world_size()
+    ordered = sorted(times)
+    return busbw("all_reduce", world, size, ordered[len(ordered) // 2]), times
+
+
+def main() -> int:
+    environ = os.environ
+    deadline = float(environ["NETMON_SWEEP_DEADLINE"])
+    _watchdog(deadline)
+    nodes = _nodes(environ["NETMON_SWEEP_NODES"])
+    me = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    names = [name for name, _ in nodes]
+    if me not in names:
+        print(f"netmon sweep rank: node {me} is not in this pair ({names})", file=sys.stderr)
+        return 2
+    rail = int(environ.get("SLURM_LOCALID", "0"))
+    os.environ.update(_node_env(Path(environ.get("NETMON_SWEEP_NODE_CONFIG", "/nonexistent"))))
+    gpus = environ.get("NETMON_SWEEP_BACKEND") == "nccl"
+    if gpus and _gpu_busy(_nvml_index(rail, environ)):
+        print(f"netmon sweep rank: GPU {rail} on {me} is in use", file=sys.stderr)
+        return EXIT_BUSY
+    if gpus:
+        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # GPU k as NVML counts it
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", rail) if gpus else torch.device("cpu")
+    if gpus:
+        torch.cuda.set_device(device)
+    rank = names.index(me)
+    master = nodes[0][1]
+    port = int(environ["NETMON_SWEEP_PORT"]) + rail
+    dist.init_process_group(
+        "nccl" if gpus else "gloo",
+        init_method=f"tcp://{master}:{port}",
+        world_size=len(nodes),
+        rank=rank,
+        timeout=datetime.timedelta(seconds=max(1.0, deadline - time.time())),
+    )
+    try:
+        value, times = measure(
+            dist,
+            torch,
+            device,
+            int(environ["NETMON_SWEEP_SIZE"]),
+            int(environ["NETMON_SWEEP_WARMUP"]),
+            int(environ["NETMON_SWEEP_ITERS"]),
+        )
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        line = {"rail": rail, "busbw": value, "times": times, "started_at": STARTED_AT}
+        print(PREFIX + json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

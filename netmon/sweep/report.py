@@ -1,0 +1,147 @@
+"""The sweep's report: the whole of it for `netmon sweep --json`, and each node's share for its
+daemon (node_report.NodeReport). Pure: the localiser's record in, plain values out."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from netmon.sweep.localise import JudgedPair, Localiser, Suspect
+from netmon.sweep.node_report import NodeReport, PeerResult
+
+
+def pair_outcome(pair: JudgedPair) -> str:
+    """pass or fail for a measured pair; the skip reason (preempted, busy, ...) otherwise."""
+    if pair.passed is None:
+        return pair.run.outcome
+    return "pass" if pair.passed else "fail"
+
+
+def _rail(verdict: Any) -> dict[str, Any]:
+    return {
+        "rail": verdict.rail,
+        "busbw": verdict.busbw,
+        "expected": verdict.expected,
+        "ratio": verdict.ratio,
+        "passed": verdict.passed,
+        "lines": dict(verdict.lines),
+        "failed_by": list(verdict.failed_by),
+    }
+
+
+def pair_entry(pair: JudgedPair) -> dict[str, Any]:
+    run = pair.run
+    measured = [r.busbw for r in pair.rails]
+    return {
+        "nodes": list(run.plan.nodes),
+        "round": run.plan.round,
+        "purpose": run.plan.purpose,
+        "outcome": pair_outcome(pair),
+        "busbw": min(measured) if measured else None,
+        "skip": None if pair.passed is not None else run.outcome,
+        "detail": run.detail,
+        "job": run.job,
+        "overhead_seconds": run.overhead_s,
+        "seconds": max(0.0, run.finished_at - run.submitted_at),
+        "rails": [_rail(r) for r in pair.rails],
+    }
+
+
+def suspect_entry(suspect: Suspect) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "node": suspect.node,
+        "rails": list(suspect.rails),
+        "round": suspect.round,
+    }
+    if suspect.peer is not None:
+        entry["peer"] = suspect.peer
+    return entry
+
+
+def peer_results(pairs: list[JudgedPair], node: str) -> list[PeerResult]:
+    """Every rail of every pair `node` was in, once per peer."""
+    results: list[PeerResult] = []
+    for pair in pairs:
+        nodes = pair.run.plan.nodes
+        if node not in nodes:
+            continue
+        outcome = pair_outcome(pair)
+        for peer in (n for n in nodes if n != node):
+            if pair.passed is None:
+                results.append(
+                    PeerResult(
+                        peer=peer,
+                        rail=0,
+                        round=pair.run.plan.round,
+                        outcome=outcome,  # type: ignore[arg-type]
+                        measured_at=pair.run.finished_at,
+                    )
+                )
+                continue
+            results.extend(
+                PeerResult(
+                    peer=peer,
+                    rail=r.rail,
+                    round=pair.run.plan.round,
+                    outcome="pass" if r.passed else "fail",
+                    busbw=r.busbw,
+                    expected=r.expected,
+                    ratio=r.ratio,
+                    measured_at=pair.run.finished_at,
+                )
+                for r in pair.rails
+            )
+    return results
+
+
+def node_reports(sweep: str, loc: Localiser, finished_at: float) -> list[NodeReport]:
+    """Each node's share: its results, and whether it was named (a path's named end only)."""
+    suspects = loc.suspects()
+    named = {s.node for s in suspects if s.peer is None}
+    paths: dict[str, list[str]] = {}
+    for s in suspects:
+        if s.peer is not None:
+            paths.setdefault(s.node, []).append(s.peer)
+    taking_part = {n for pair in loc.judged for n in pair.run.plan.nodes}
+    return [
+        NodeReport(
+            sweep=sweep,
+            node=node,
+            at=time.time(),
+            finished_at=finished_at,
+            results=tuple(peer_results(loc.judged, node)),
+            suspect=node in named or node in paths,
+            suspect_peers=tuple(paths.get(node, ())),
+        )
+        for node in sorted(taking_part)
+    ]
+
+
+def whole(
+    sweep: str, partition: str, loc: Localiser, started_at: float, finished_at: float
+) -> dict[str, Any]:
+    pairs = [pair_entry(p) for p in loc.judged]
+    results = [
+        {"node": report.node, **r.model_dump(mode="json")}
+        for report in node_reports(sweep, loc, finished_at)
+        for r in report.results
+    ]
+    return {
+        "sweep": sweep,
+        "partition": partition,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "wall_seconds": round(finished_at - started_at, 3),
+        "rounds": loc.rounds,
+        "nodes": sorted(n.name for n in loc.nodes),
+        "waiting": list(loc.waiting),
+        "pairs": pairs,
+        "results": results,
+        "skips": [
+            {k: p[k] for k in ("nodes", "round", "skip", "detail")}
+            for p in pairs
+            if p["skip"] is not None
+        ],
+        "suspects": [suspect_entry(s) for s in loc.suspects()],
+        "undecided": loc.undecided(),
+    }

@@ -1,0 +1,115 @@
+"""One sweep, start to end: the nodes from the scheduler, rounds planned and judged by the
+localiser, run by the scheduler, until every failed pair is explained, the rounds run out or
+the deadline comes; then the history learns and each node's daemon gets its share."""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from netmon.baseline.book import BaselineBook
+from netmon.sweep import report
+from netmon.sweep.judge import Rules
+from netmon.sweep.localise import Localiser
+from netmon.sweep.scheduler import Scheduler, SchedulerError
+from netmon.sweep.settings import SweepConfig
+
+log = logging.getLogger(__name__)
+# A round is not started with less of the deadline left than this: its pairs could not finish.
+MIN_ROUND_S = 15.0
+
+
+class CouldNotRun(Exception):
+    """The sweep could not run at all (exit 3); the message says why, in one line."""
+
+
+def new_sweep_id(now: float | None = None) -> str:
+    """Sortable by start time (milliseconds), unique by its random tail."""
+    millis = int((time.time() if now is None else now) * 1000)
+    return f"{millis:013d}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class Outcome:
+    whole: dict[str, Any]
+    localiser: Localiser
+    finished_at: float
+    measured: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def rules_of(settings: SweepConfig, policy: Any) -> Rules:
+    return Rules(
+        policy=policy,
+        size=settings.size,
+        cohort_ratio=settings.cohort_ratio,
+        min_cohort=settings.min_cohort,
+        min_busbw=settings.min_busbw,
+    )
+
+
+def run_sweep(
+    scheduler: Scheduler,
+    settings: SweepConfig,
+    history: BaselineBook,
+    *,
+    sweep: str,
+    partition: str,
+    nodelist: str | None,
+    rng: random.Random,
+) -> Outcome:
+    started_at = time.time()
+    deadline = started_at + settings.deadline
+    try:
+        nodes = scheduler.nodes(partition, nodelist)
+        others = scheduler.other_sweeps()
+    except SchedulerError as exc:
+        raise CouldNotRun(str(exc)) from None
+    if others:
+        raise CouldNotRun(f"another sweep is running: jobs {', '.join(others[:5])}")
+    if len(nodes) < 2:
+        where = f"of {nodelist} " if nodelist else ""
+        raise CouldNotRun(
+            f"partition {partition} has {len(nodes)} idle node(s) {where}(a sweep needs 2)"
+        )
+    loc = Localiser(
+        nodes,
+        rules_of(settings, history.policy),
+        history,
+        rng,
+        max_rounds=settings.max_rounds,
+        odd=settings.odd,
+    )
+    try:
+        _rounds(scheduler, loc, deadline)
+    finally:
+        scheduler.cleanup()
+    loc.learn()
+    finished_at = time.time()
+    measured = sum(1 for pair in loc.judged if pair.passed is not None)
+    if not measured:
+        first = next((p.run.detail for p in loc.judged if p.run.detail), "no pair ran")
+        raise CouldNotRun(f"no pair could be measured: {first}")
+    whole = report.whole(sweep, partition, loc, started_at, finished_at)
+    return Outcome(whole, loc, finished_at, measured)
+
+
+def _rounds(scheduler: Scheduler, loc: Localiser, deadline: float) -> None:
+    while deadline - time.time() >= MIN_ROUND_S:
+        pairs = loc.next_round()
+        if not pairs:
+            return
+        log.info("sweep: round %d, %d pair(s)", loc.rounds, len(pairs))
+        runs = scheduler.run_round(pairs, deadline)
+        for pair in loc.record(runs):
+            log.info(
+                "sweep: round %d %s: %s %s",
+                loc.rounds,
+                pair.run.plan.label,
+                report.pair_outcome(pair),
+                pair.run.detail,
+            )

@@ -1,0 +1,58 @@
+"""The one interface a sweep needs from a scheduler; Slurm (netmon.sweep.slurm) is the first.
+
+A scheduler lists the nodes a sweep may use, tells whether another sweep is running, and runs
+one round of pairs, each as its own small preemptible job, returning how each came out. It
+judges nothing: the planner and the judge are pure (netmon.sweep.plan, netmon.sweep.localise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from netmon.sweep.plan import PairPlan, SweepNode
+
+# How a pair's job ended: measured ("ok"), or skipped for a reason that says nothing about
+# the link: a job took a node ("preempted"), a node was not free ("busy"), the job or its
+# ranks failed ("error"), or it ran out of time ("timeout").
+RunOutcome = Literal["ok", "preempted", "busy", "error", "timeout"]
+SKIP_OUTCOMES: tuple[RunOutcome, ...] = ("preempted", "busy", "error", "timeout")
+
+
+class SchedulerError(Exception):
+    """The scheduler cannot be asked or used (controller down, partition unknown)."""
+
+
+@dataclass(frozen=True)
+class PairRun:
+    plan: PairPlan
+    outcome: RunOutcome
+    busbw: tuple[float, ...] = ()  # per rail, when ok
+    detail: str = ""  # why it was skipped, in one line
+    job: str | None = None
+    submitted_at: float = 0.0
+    ranks_started_at: float | None = None  # the first rank's process start
+    finished_at: float = 0.0
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Submission to the first rank's start: what the scheduler costs a pair."""
+        if self.ranks_started_at is None:
+            return None
+        return max(0.0, self.ranks_started_at - self.submitted_at)
+
+
+class Scheduler(Protocol):
+    def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
+        """The partition's idle nodes (of `nodelist`, where given)."""
+
+    def other_sweeps(self) -> list[str]:
+        """Jobs of a sweep other than this one still pending or running."""
+
+    def run_round(self, pairs: Sequence[PairPlan], deadline: float) -> list[PairRun]:
+        """Every pair at once, each its own job; returns when all have ended or by `deadline`
+        (time.time()), having cancelled what was left."""
+
+    def cleanup(self) -> None:
+        """Cancel every job this sweep submitted that may still be known to the scheduler."""

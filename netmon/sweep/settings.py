@@ -1,0 +1,69 @@
+"""The `sweep:` section of netmon.yaml: how `netmon sweep` runs its pairs and where it delivers
+their results, and (on a node's daemon) the secret that the delivered reports are sealed with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from netmon.bandwidth import parse_duration, parse_rate, parse_size
+
+
+class SweepConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # The shared secret that seals each node's report (HMAC-SHA256, netmon.group.auth). A daemon
+    # without it refuses every report; `netmon sweep` without it measures but delivers nothing.
+    secret_file: Path | None = None
+    # Where `netmon sweep` reaches each node's daemon: the node's Slurm address, this port.
+    daemon_port: int = Field(19464, ge=1, lt=65536)
+    daemon_scheme: Literal["http", "https"] = "http"
+    ca_file: Path | None = None  # https: the CA that signed the daemons' certificates
+    partition: str | None = None  # default for --partition
+    qos: str | None = None  # a preemptible QOS, where preemption is by QOS
+    account: str | None = None
+    # The pair's all_reduce: one size, large enough to be bandwidth-bound.
+    size: int = Field(16 << 20, ge=1024)
+    warmup: int = Field(3, ge=0)
+    iters: int = Field(10, ge=1)
+    # Ranks per node, one per rail (rank k uses GPU k and the NIC nearest it); default: the
+    # node's GPUs (its Slurm gres), 1 on nodes without GPUs.
+    rails: int | None = Field(None, ge=1, le=64)
+    min_busbw: float | None = Field(None, ge=0)  # bytes/s: a pair under it fails
+    # nccl on nodes with GPUs (their Slurm gres), gloo on the CPU otherwise.
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    # Rail k's rendezvous listens on this port + k on the pair's first node.
+    rendezvous_port: int = Field(29410, ge=1024, lt=65000)
+    # The interpreter that runs netmon.sweep.rank on the nodes; default: this one (the same
+    # install path on every node, as a shared software tree or an image gives).
+    rank_python: str | None = None
+    # A pair's cohort line: under ratio x the cohort's level (the upper quartile of its class).
+    cohort_ratio: float = Field(0.8, gt=0, le=1)
+    min_cohort: int = Field(3, ge=2)  # fewer pairs of a class than this: no cohort line
+    pair_timeout: float = Field(300.0, gt=0)  # seconds one pair's job may take, queue included
+    deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
+    max_rounds: int = Field(3, ge=1, le=10)
+    # An odd node out joins a pair of three ("trio") or waits for the next sweep ("wait").
+    odd: Literal["trio", "wait"] = "trio"
+    job_name: str = Field("netmon-sweep", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    state_dir: Path | None = None  # each end's history; default: <state_dir>/sweep
+    # The node's netmon config, read by the pair's ranks on the node for its `env`
+    # (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME: the interface that carries the traffic).
+    node_config: Path = Path("/etc/netmon/netmon.yaml")
+
+    @field_validator("min_busbw", mode="before")
+    @classmethod
+    def _rate(cls, value: object) -> object:
+        return parse_rate(value) if isinstance(value, str) else value
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value  # type: ignore[arg-type]
+
+    @field_validator("pair_timeout", "deadline", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, str) else value

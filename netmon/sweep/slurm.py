@@ -1,0 +1,264 @@
+"""The sweep's scheduler on Slurm: sinfo for the idle nodes, one `srun` job per pair in a
+low-priority preemptible partition (or QOS), squeue for how each job ended.
+
+Each pair is its own job, not a step of one allocation: Slurm's preemption (PreemptMode=CANCEL)
+cancels a whole job, so a sweep held as one allocation would lose every pair for one node a
+user wants. `--exclusive` makes the pair hold its nodes whole, so a job that wants one of them
+preempts it at once rather than sharing its cores. docs/SWEEPS.md has the setup.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from netmon.sweep import srun_result
+from netmon.sweep.plan import PairPlan, SweepNode
+from netmon.sweep.scheduler import PairRun, SchedulerError
+from netmon.sweep.settings import SweepConfig
+
+log = logging.getLogger(__name__)
+
+# sinfo's compact states of a node a sweep may take: idle and responding (a suffix * is "not
+# responding", ~ "powered off", # "powering up", ! "pending power down", % "powering down").
+IDLE_STATES = frozenset({"idle"})
+SLURM_TIMEOUT_S = 20.0  # one sinfo/squeue/scancel call
+TERM_GRACE_S = 5.0  # srun has this long after SIGTERM to cancel its job before SIGKILL
+# What a round keeps of the sweep's deadline for after its pairs: srun's grace, one squeue and
+# the scancel of what is left, so that the sweep ends by its deadline, controller or none.
+TAIL_S = TERM_GRACE_S + 2 * 3.0
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+_ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
+
+
+def gpus_of(gres: str) -> int:
+    """GPUs in sinfo's %G ("gpu:8", "gpu:h100:8(S:0-1)", "(null)")."""
+    return sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
+
+
+def job_name(prefix: str, sweep: str, plan: PairPlan, index: int) -> str:
+    return f"{prefix}-{sweep}-r{plan.round}-p{index}"
+
+
+def _pair_jobs(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"^{re.escape(prefix)}-(\d{{13}}-[0-9a-f]{{6}})-r\d+-p\d+$")
+
+
+def clean_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for srun: without the SLURM_ variables of a job the sweep itself runs in
+    (scrontab), srun would start a step in that job instead of a job of its own."""
+    return {k: v for k, v in environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+
+@dataclass
+class _Launch:
+    plan: PairPlan
+    name: str
+    process: subprocess.Popen[str]
+    submitted_at: float
+    deadline: float
+    out: str = ""
+    err: str = ""
+    timed_out: bool = False
+
+
+@dataclass
+class SlurmScheduler:
+    settings: SweepConfig
+    sweep: str
+    partition: str
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    backend: str = "gloo"
+    addresses: dict[str, str] = field(default_factory=dict)
+    submitted: list[str] = field(default_factory=list)
+    _deadline: float = float("inf")
+
+    def _tail_timeout(self) -> float:
+        """A call after the pairs: bounded by what is left of the sweep's deadline."""
+        return max(1.0, min(SLURM_TIMEOUT_S, self._deadline - time.time()))
+
+    def _run(self, argv: Sequence[str], timeout: float = SLURM_TIMEOUT_S) -> str:
+        try:
+            done = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=clean_env(self.environ),
+                check=False,
+            )
+        except FileNotFoundError:
+            raise SchedulerError(f"{argv[0]} not found: install Slurm's clients") from None
+        except subprocess.TimeoutExpired:
+            raise SchedulerError(f"{argv[0]} did not answer in {timeout:.0f} s") from None
+        if done.returncode != 0:
+            message = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise SchedulerError(f"{argv[0]} failed: {message}")
+        return done.stdout
+
+    def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
+        argv = ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%G|%o"]
+        if nodelist:
+            argv += ["-n", nodelist]
+        seen: dict[str, SweepNode] = {}
+        gpu_counts: set[int] = set()
+        for line in self._run(argv).splitlines():
+            name, state, gres, address = ([*line.split("|"), "", "", ""])[:4]
+            if not name or state.strip() not in IDLE_STATES or name in seen:
+                continue
+            gpus = gpus_of(gres)
+            gpu_counts.add(gpus)
+            rails = self.settings.rails or max(gpus, 1)
+            seen[name] = SweepNode(name, rails=rails, address=address.strip() or name)
+            self.addresses[name] = address.strip() or name
+        if self.settings.backend == "auto":
+            self.backend = "nccl" if gpu_counts and min(gpu_counts) > 0 else "gloo"
+        else:
+            self.backend = self.settings.backend
+        return list(seen.values())
+
+    def other_sweeps(self) -> list[str]:
+        pattern = _pair_jobs(self.settings.job_name)
+        listed = self._run(["squeue", "-h", "-t", _ACTIVE, "-o", "%i|%j"])
+        others = []
+        for line in listed.splitlines():
+            job, _, name = line.partition("|")
+            match = pattern.match(name.strip())
+            if match and match.group(1) != self.sweep:
+                others.append(f"{job.strip()} ({name.strip()})")
+        return others
+
+    def run_round(self, pairs: Sequence[PairPlan], deadline: float) -> list[PairRun]:
+        self._deadline = deadline
+        launches = [
+            self._launch(plan, index, deadline - TAIL_S) for index, plan in enumerate(pairs)
+        ]
+        for launch in launches:
+            self._wait(launch)
+        states = self._states([launch.name for launch in launches])
+        return [self._outcome(launch, states.get(launch.name)) for launch in launches]
+
+    def _launch(self, plan: PairPlan, index: int, deadline: float) -> _Launch:
+        name = job_name(self.settings.job_name, self.sweep, plan, index)
+        self.submitted.append(name)
+        pair_deadline = min(deadline, time.time() + self.settings.pair_timeout)
+        argv = self._srun_argv(plan, name, pair_deadline)
+        env = clean_env(self.environ) | self._rank_env(plan, pair_deadline)
+        log.debug("sweep: %s", " ".join(argv))
+        process = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        return _Launch(plan, name, process, time.time(), pair_deadline)
+
+    def _srun_argv(self, plan: PairPlan, name: str, deadline: float) -> list[str]:
+        minutes = max(1, math.ceil((deadline - time.time()) / 60))
+        argv = [
+            "srun",
+            f"--job-name={name}",
+            f"--partition={self.partition}",
+            f"--nodes={len(plan.nodes)}",
+            f"--nodelist={','.join(plan.nodes)}",
+            f"--ntasks-per-node={plan.rails}",
+            "--exclusive",
+            f"--time={minutes}",
+            # A node taken between sinfo and this job: skip the pair (busy), never wait on it.
+            f"--immediate={max(1, min(30, int(deadline - time.time())))}",
+            "--kill-on-bad-exit=1",
+            "--quiet",
+        ]
+        if self.settings.qos:
+            argv.append(f"--qos={self.settings.qos}")
+        if self.settings.account:
+            argv.append(f"--account={self.settings.account}")
+        if self.backend == "nccl":
+            argv.append(f"--gpus-per-node={plan.rails}")
+        python = self.settings.rank_python or sys.executable
+        return [*argv, python, "-m", "netmon.sweep.rank"]
+
+    def _rank_env(self, plan: PairPlan, deadline: float) -> dict[str, str]:
+        s = self.settings
+        nodes = ",".join(f"{n}={self.addresses.get(n, n)}" for n in plan.nodes)
+        return {
+            "NETMON_SWEEP_NODES": nodes,
+            "NETMON_SWEEP_PORT": str(s.rendezvous_port),
+            "NETMON_SWEEP_SIZE": str(s.size),
+            "NETMON_SWEEP_WARMUP": str(s.warmup),
+            "NETMON_SWEEP_ITERS": str(s.iters),
+            "NETMON_SWEEP_DEADLINE": f"{deadline:.3f}",
+            "NETMON_SWEEP_BACKEND": self.backend,
+            "NETMON_SWEEP_NODE_CONFIG": str(s.node_config),
+        }
+
+    def _wait(self, launch: _Launch) -> None:
+        try:
+            launch.out, launch.err = launch.process.communicate(
+                timeout=max(0.1, launch.deadline - time.time())
+            )
+            return
+        except subprocess.TimeoutExpired:
+            launch.timed_out = True
+        # srun cancels its job on SIGTERM; SIGKILL only if it cannot (the controller is gone).
+        os.killpg(launch.process.pid, signal.SIGTERM)
+        try:
+            launch.out, launch.err = launch.process.communicate(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(launch.process.pid, signal.SIGKILL)
+            launch.out, launch.err = launch.process.communicate()
+
+    def _states(self, names: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """{job name: (job id, state)} of the submitted jobs the controller still knows."""
+        if not names:
+            return {}
+        argv = ["squeue", "-h", "-t", "all", "-n", ",".join(names), "-o", "%i|%j|%T"]
+        try:
+            listed = self._run(argv, self._tail_timeout())
+        except SchedulerError as exc:
+            log.warning("sweep: cannot ask how the pairs' jobs ended: %s", exc)
+            return {}
+        states: dict[str, tuple[str, str]] = {}
+        for line in listed.splitlines():
+            job, name, state = ([*line.split("|"), "", ""])[:3]
+            states[name.strip()] = (job.strip(), state.strip())
+        return states
+
+    def _outcome(self, launch: _Launch, known: tuple[str, str] | None) -> PairRun:
+        job, state = known if known is not None else (None, None)
+        found = srun_result.parse(launch.out, launch.plan.rails)
+        outcome, detail = srun_result.classify(
+            launch.process.returncode, state, launch.err, found, launch.timed_out
+        )
+        return PairRun(
+            plan=launch.plan,
+            outcome=outcome,
+            busbw=found.busbw if outcome == "ok" else (),
+            detail=detail,
+            job=job,
+            submitted_at=launch.submitted_at,
+            ranks_started_at=found.started_at,
+            finished_at=time.time(),
+        )
+
+    def cleanup(self) -> None:
+        """Cancel what this sweep submitted; stop at the first failure (a controller that is
+        gone answers none): a job ends on its own anyway, its ranks at their deadline."""
+        if not self.submitted:
+            return
+        try:
+            for name in self.submitted:
+                self._run(["scancel", "--quiet", f"--name={name}"], self._tail_timeout())
+        except SchedulerError as exc:
+            log.warning("sweep: cannot cancel the sweep's jobs: %s", exc)

@@ -1,0 +1,173 @@
+"""The sweep's pure parts: the matching, the localisation rounds, the judge and srun's outcome.
+
+A simulated cluster stands in for the scheduler only (pairs' busbw = the slower end's cable x
+noise); the planner, the judge and the localiser under test are the real ones.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from netmon.baseline.book import BaselineBook
+from netmon.baseline.policy import BaselinePolicy
+from netmon.sweep import srun_result
+from netmon.sweep.judge import Rules, cohort_line, history_key, judge_rail
+from netmon.sweep.localise import Localiser
+from netmon.sweep.plan import PairPlan, SweepNode, first_round, locate_round
+from netmon.sweep.rank import PREFIX
+from netmon.sweep.scheduler import PairRun
+
+LINK = 1.0e8
+
+
+def _nodes(count: int, rails: int = 1) -> list[SweepNode]:
+    return [SweepNode(f"n{i}", rails=rails) for i in range(1, count + 1)]
+
+
+def _sweep(
+    count: int,
+    cuts: dict[str, float],
+    seed: int,
+    noise: float = 0.03,
+    book: BaselineBook | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> Localiser:
+    """One sweep on a simulated cluster: a pair runs at its slower cable's speed."""
+    rng = random.Random(seed * 7919 + 1)
+    loc = Localiser(
+        _nodes(count), Rules(), book or BaselineBook(BaselinePolicy()), random.Random(seed)
+    )
+    while pairs := loc.next_round():
+        runs = []
+        for plan in pairs:
+            if skip & set(plan.nodes):
+                runs.append(PairRun(plan, "preempted", detail="taken"))
+                continue
+            speed = min(cuts.get(node, 1.0) for node in plan.nodes)
+            runs.append(PairRun(plan, "ok", (LINK * speed * (1 + rng.gauss(0, noise)),)))
+        loc.record(runs)
+    loc.learn()
+    return loc
+
+
+def test_first_round_is_a_perfect_matching_with_an_odd_node_in_a_trio() -> None:
+    for count in (2, 5, 6, 7, 64):
+        plans, waiting = first_round(_nodes(count), random.Random(count))
+        covered = [node for plan in plans for node in plan.nodes]
+        assert sorted(covered) == sorted(n.name for n in _nodes(count))
+        assert not waiting
+        assert sum(len(p.nodes) == 3 for p in plans) == count % 2
+    plans, waiting = first_round(_nodes(7), random.Random(1), odd="wait")
+    assert len(waiting) == 1 and all(len(p.nodes) == 2 for p in plans)
+
+
+def test_first_round_pairs_nodes_of_the_same_rail_count() -> None:
+    nodes = [*_nodes(4, rails=8), SweepNode("x1", rails=4), SweepNode("x2", rails=4)]
+    plans, _ = first_round(nodes, random.Random(3))
+    for plan in plans:
+        assert plan.rails == (4 if plan.nodes[0].startswith("x") else 8)
+        assert len({n[0] for n in plan.nodes}) == 1
+
+
+def test_locate_round_splits_every_failed_pair_and_crosses_the_rest() -> None:
+    plans = locate_round(
+        _nodes(6), 2, [("n1", "n2"), ("n3", "n4")], ["n5", "n6"], [], random.Random(0)
+    )
+    firsts = {p.nodes[0] for p in plans if {"n5", "n6"} & set(p.nodes)}
+    assert firsts == {"n1", "n3"}  # one end of each failed pair with a good node
+    crossed = [p for p in plans if not {"n5", "n6"} & set(p.nodes)]
+    assert [sorted(p.nodes) for p in crossed] == [["n2", "n4"]]  # never with its own partner
+
+
+@pytest.mark.parametrize("count", [6, 7, 16])
+def test_one_cut_cable_is_named_alone_within_two_rounds(count: int) -> None:
+    for seed in range(60):
+        bad = f"n{seed % count + 1}"
+        loc = _sweep(count, {bad: 0.3}, seed)
+        assert [(s.node, s.peer) for s in loc.suspects()] == [(bad, None)], seed
+        assert loc.rounds <= 2
+
+
+def test_two_cut_cables_are_both_named_and_no_third() -> None:
+    for seed in range(100):
+        bad = random.Random(seed).sample([f"n{i}" for i in range(1, 7)], 2)
+        loc = _sweep(6, dict.fromkeys(bad, 0.3), seed)
+        assert sorted(s.node for s in loc.suspects()) == sorted(bad), seed
+        assert not loc.undecided()
+
+
+def test_a_healthy_cluster_names_nobody_over_many_sweeps() -> None:
+    book = BaselineBook(BaselinePolicy())
+    for seed in range(200):
+        loc = _sweep(6, {}, seed, noise=0.05, book=book)
+        assert not loc.suspects(), seed
+    lines = book.lines(history_key("n1", 0, Rules().size))
+    assert lines is not None and lines.expected == pytest.approx(LINK, rel=0.05)
+
+
+def test_history_names_a_slow_node_that_its_cohort_cannot() -> None:
+    """Half the cluster cut at once: the cohort's level falls with it; history does not."""
+    book = BaselineBook(BaselinePolicy())
+    for seed in range(30):
+        _sweep(8, {}, seed, book=book)
+    cut = {"n1": 0.5, "n2": 0.5, "n3": 0.5, "n4": 0.5, "n5": 0.5}
+    loc = _sweep(8, cut, 99, book=book)
+    assert {s.node for s in loc.suspects()} >= {"n1", "n2", "n3", "n4", "n5"} - set(loc.undecided())
+    assert not {s.node for s in loc.suspects()} & {"n6", "n7", "n8"}
+
+
+def test_a_preempted_pair_is_never_judged_and_its_nodes_leave_the_sweep() -> None:
+    loc = _sweep(6, {"n2": 0.3}, 5, skip=frozenset({"n2"}))
+    taken = [p for p in loc.judged if "n2" in p.run.plan.nodes]
+    assert len(taken) == 1 and taken[0].passed is None and not taken[0].rails
+    assert "n2" in loc.gone and not loc.suspects()
+
+
+def test_a_failed_path_between_two_good_nodes_is_named_as_a_path() -> None:
+    """n1-n2's path is slow, each end fine with others: measured again, then named as a path."""
+    loc = Localiser(_nodes(6), Rules(), BaselineBook(BaselinePolicy()), random.Random(0))
+    rounds = 0
+    while pairs := loc.next_round():
+        rounds += 1
+        runs = [
+            PairRun(p, "ok", (LINK * (0.3 if set(p.nodes) == {"n1", "n2"} else 1.0),))
+            for p in pairs
+        ]
+        loc.record(runs)
+    if any(set(p.run.plan.nodes) == {"n1", "n2"} for p in loc.judged):
+        assert [(s.node, s.peer) for s in loc.suspects()] == [("n1", "n2")]
+        assert rounds == 3
+    else:
+        assert not loc.suspects()  # the matching never paired them: nothing to see
+
+
+def test_judge_lines() -> None:
+    rules = Rules(min_busbw=50.0)
+    level, line = cohort_line([100.0, 101.0, 30.0], rules) or (0.0, 0.0)
+    assert level == pytest.approx(100.5) and line == pytest.approx(0.8 * 100.5)
+    assert cohort_line([100.0, 99.0], rules) is None  # too few to be a cohort
+    verdict = judge_rail(0, 30.0, [100.0, 101.0, 30.0], None, rules)
+    assert not verdict.passed and verdict.failed_by == ("cohort", "min_busbw")
+    assert judge_rail(0, 99.0, [100.0, 101.0, 99.0], None, rules).passed
+
+
+def test_srun_outcomes() -> None:
+    plan = PairPlan(("n1", "n2"), 1, 2)
+    out = "\n".join(
+        PREFIX + f'{{"rail": {k}, "busbw": {k + 1}e8, "started_at": {100 + k}}}' for k in (1, 0)
+    )
+    found = srun_result.parse(out + "\nnoise\n", plan.rails)
+    assert found.busbw == (1e8, 2e8) and found.started_at == 100
+    assert srun_result.classify(0, "COMPLETED", "", found, False) == ("ok", "")
+    missing = srun_result.parse(out.splitlines()[0], plan.rails)
+    assert missing.busbw == ()
+    assert srun_result.classify(0, "COMPLETED", "", missing, False)[0] == "error"
+    assert srun_result.classify(1, "PREEMPTED", "", missing, False)[0] == "preempted"
+    cancelled = "slurmstepd: error: *** STEP 7.0 ON n1 CANCELLED AT 2026 DUE TO PREEMPTION ***"
+    assert srun_result.classify(1, None, cancelled, missing, False)[0] == "preempted"
+    assert srun_result.classify(None, None, "", missing, True)[0] == "timeout"
+    busy = "srun: error: Unable to allocate resources: Requested nodes are busy"
+    assert srun_result.classify(1, None, busy, missing, False)[0] == "busy"
+    assert srun_result.classify(1, "FAILED", "boom", missing, False)[0] == "error"
