@@ -40,6 +40,7 @@ from netmon.gpu.idle import IdlePolicy
 from netmon.group.members import GroupConfig
 from netmon.probe.paths import check_names, check_op
 from netmon.probe.spec import Backend, Timing
+from netmon.sweep.settings import SweepConfig
 
 ENV_PREFIX = "NETMON_"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -255,6 +256,9 @@ class NetmonConfig(_Strict):
     topology_file: Path | None = None
     # Node group: the daemons that probe across nodes together (docs/GROUPS.md).
     group: GroupConfig | None = None
+    # Cluster sweeps (`netmon sweep`, docs/SWEEPS.md); the daemon reads `sweep.secret_file` only:
+    # with it, POST /sweep takes this node's sealed results and /metrics exports them.
+    sweep: SweepConfig | None = None
 
     @field_validator("rank_wrapper", mode="before")
     @classmethod

@@ -20,9 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netmon.serve.sweep_inbox import node_names
+from netmon.sweep.deliver import deliver
 from tests.conftest import wait_for
-from tests.daemon_harness import DaemonProcess, fast_config
+from tests.daemon_harness import DaemonProcess, fast_config, secret_file
 from tests.prometheus_harness import Prometheus
+from tests.test_sweep_inbox import SECRET, SECRET_TEXT, report
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dashboards" / "netmon.json"
@@ -233,10 +236,15 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
     ]
     # Every size judged, so that the low-bound column of "Verdicts, series by series" has data.
     policy = {"min_samples": 2, "window": 5, "latency_bound_below": 0}
-    config = fast_config(tmp_path, probes=probes, baseline=policy)
+    # A sweep secret, so that the sweep panels have a report to show (delivered below).
+    sweep = {"secret_file": secret_file(tmp_path / "secrets", SECRET_TEXT, "sweep.secret")}
+    config = fast_config(tmp_path, probes=probes, baseline=policy, sweep=sweep)
     daemon = DaemonProcess(tmp_path, config)
     prometheus = None
     try:
+        me = node_names()[0]
+        sent = report(node=me, at=time.time(), suspect=True, peers=("n2",))
+        assert deliver([sent], {me: "127.0.0.1"}, SECRET, port=daemon.port) == {me: "ok"}
         prometheus = Prometheus(tmp_path, [f"127.0.0.1:{daemon.port}"], rule_files=(RULES,))
         api = Api(prometheus)
         start = time.time()

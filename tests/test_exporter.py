@@ -41,6 +41,7 @@ from netmon.exposition.snapshot import (
     ProbeStats,
     SeriesPoint,
     Snapshot,
+    SweepView,
 )
 from netmon.gpu import idle
 from netmon.gpu.linkhealth import (
@@ -62,6 +63,7 @@ from netmon.probe.spec import (
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
+from netmon.sweep.node_report import NodeReport, PeerResult
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 MIB = 1 << 20
@@ -351,6 +353,28 @@ _LINK = LinkPoint(
     low=False,
     suspect=False,
 )
+# A sweep that measured rail 0 with n2 (and failed it) and was preempted with n3, naming the path.
+_SWEEP = NodeReport(
+    sweep=f"{int(T0 * 1000):013d}-00abcd",
+    node="n1",
+    at=T0 + 60,
+    finished_at=T0 + 50,
+    results=(
+        PeerResult(
+            peer="n2",
+            rail=0,
+            round=1,
+            outcome="fail",
+            busbw=5e9,
+            expected=10e9,
+            ratio=0.5,
+            measured_at=T0 + 40,
+        ),
+        PeerResult(peer="n3", rail=0, round=2, outcome="preempted", measured_at=T0 + 45),
+    ),
+    suspect=True,
+    suspect_peers=("n2",),
+)
 FULL_SNAPSHOT = dataclasses.replace(
     SNAPSHOT,
     paused=True,
@@ -373,6 +397,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     inconclusive={("large", "disturbed"): 4, ("large", "settling"): 2},
     series_results={"large": 9},
     reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
+    sweep=SweepView(_SWEEP, 2, {"accepted": 2, "refused": 1}),
 )
 
 

@@ -28,6 +28,12 @@ def save(path: Path, book: BaselineBook) -> None:
     OSError (a full disk, a read-only directory) propagates; the caller decides how loud to be.
     """
     data = (json.dumps(book.to_json(), allow_nan=False, separators=(",", ":")) + "\n").encode()
+    write_atomic(path, data)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """`path` holds the old bytes or `data`, never a torn file (every state file of the daemon
+    is written so); OSError propagates."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with open(fd, "wb") as file:
@@ -79,15 +85,22 @@ def load(path: Path, policy: BaselinePolicy) -> tuple[BaselineBook, str | None]:
         return BaselineBook(policy), _set_aside(path, _one_line(exc))
 
 
-def _set_aside(path: Path, reason: str) -> str:
+def set_aside(path: Path) -> Path:
+    """Renames a state file that is not ours to "<name>.corrupt-<unix time>", where the next save
+    cannot destroy the evidence; the new path. OSError propagates."""
     stamp = int(time.time())
     aside = path.with_name(f"{path.name}.corrupt-{stamp}")
     serial = 1
     while aside.exists():  # two bad files in one second: keep both
         aside = path.with_name(f"{path.name}.corrupt-{stamp}-{serial}")
         serial += 1
+    os.replace(path, aside)
+    return aside
+
+
+def _set_aside(path: Path, reason: str) -> str:
     try:
-        os.replace(path, aside)
+        aside = set_aside(path)
     except OSError as exc:
         return (
             f"baseline state {path} is unusable ({reason}) and could not be moved aside "

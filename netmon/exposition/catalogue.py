@@ -12,13 +12,15 @@ from typing import Literal
 from netmon.gpu.idle import REASONS as IDLE_REASONS
 from netmon.probe.cpushare import MODES
 from netmon.probe.forking import FALLBACK_REASONS, START_METHODS
+from netmon.sweep.inbox import REPORT_OUTCOMES
 
 # info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
 # netmon serves (0.0.4) has no info type, so it is exposed as a gauge, as it always was.
 Kind = Literal["gauge", "counter", "info"]
 # What HELP adds after the catalogue's text: probes, the probes' schedule (from the snapshot); nvml,
-# when NVML is read. Either way the reader learns that the value is not measured at scrape time.
-Measured = Literal["", "probes", "nvml"]
+# when NVML is read; sweep, that `netmon sweep` delivered it. Either way the reader learns that
+# the value is not measured at scrape time.
+Measured = Literal["", "probes", "nvml", "sweep"]
 
 # ranks: the world size (GPUs or CPU ranks) the value was measured with, bounded by the node's
 # GPU count (a probe with `gpus: idle` runs on as many as are idle; a group round on the group's).
@@ -31,6 +33,9 @@ NVML_WHEN = (
 NVML_WHEN_PROBES = (
     "Read from NVML during pcie-path probe traffic only (link_telemetry.interval is 0); not at "
     "scrape time"
+)
+SWEEP_WHEN = (
+    "From the last cluster sweep delivered here (netmon sweep, POST /sweep), not at scrape time"
 )
 
 # Bounded label values, exported as 0 from the start so that rate() and increase() see the first
@@ -83,6 +88,8 @@ RANK_START_METHODS = START_METHODS
 FORK_FALLBACK_REASONS = FALLBACK_REASONS
 # The `mode` of netmon_probe_cpu_mode_ratio: CPU time that is no process's work (proc(5)).
 CPU_MODES = MODES
+# How a delivered sweep report was taken: accepted, malformed (400) or refused (403).
+SWEEP_REPORT_OUTCOMES = REPORT_OUTCOMES
 
 
 @dataclass(frozen=True)
@@ -281,6 +288,29 @@ CATALOGUE: tuple[Family, ...] = (
     Family("group", "netmon_group_messages_rejected", "counter", "", ("group", "member"),
            "Group messages that failed authentication (wrong secret, tampered, replayed or stale),"
            " by the member they claimed to come from"),
+    # sweep: this node's share of the last cluster sweep delivered to it (labels bounded by the
+    # rails x peers of one sweep: netmon.sweep.node_report.MAX_RESULTS)
+    Family("sweep", "netmon_sweep_busbw_bytes_per_second", "gauge", "bytes_per_second",
+           ("peer", "rail"), "busbw of this node's rail with `peer`, latest judged result of the "
+           "last sweep", "sweep"),
+    Family("sweep", "netmon_sweep_busbw_ratio", "gauge", "ratio", ("peer", "rail"),
+           "That busbw over the expected level the sweep judged the pair by", "sweep"),
+    Family("sweep", "netmon_sweep_measurement_timestamp_seconds", "gauge", "seconds",
+           ("peer", "rail"), "When the sweep measured that busbw", "sweep"),
+    Family("sweep", "netmon_sweep_pair_result", "gauge", "", ("peer", "rail", "outcome"),
+           "1 for how the pair came out in the last sweep: pass or fail (judged), or preempted, "
+           "busy, error or timeout (not measured, rail 0)", "sweep"),
+    Family("sweep", "netmon_sweep_suspect", "gauge", "", ("peer",),
+           "1 when the last sweep named this node: peer empty when named alone, one series per "
+           "other end when a path was named; 0 (peer empty) when it did not", "sweep"),
+    Family("sweep", "netmon_sweep_suspect_sweeps", "gauge", "", (),
+           "Sweeps in a row, as delivered here, that named this node; 0 when the last did not",
+           "sweep"),
+    Family("sweep", "netmon_sweep_last_timestamp_seconds", "gauge", "seconds", (),
+           "When the last sweep delivered here finished", "sweep"),
+    Family("sweep", "netmon_sweep_reports", "counter", "", ("outcome",),
+           "Sweep reports POSTed to /sweep, by outcome: accepted, malformed (400) or refused "
+           "(403: another secret, another node's, stale or replayed)"),
     # daemon: the process itself
     Family("daemon", "netmon_paused", "gauge", "", (), "1 while the operator pause file exists"),
     Family("daemon", "netmon_simulated", "gauge", "", (),

@@ -25,6 +25,7 @@ from netmon.exposition.catalogue import (
 )
 from netmon.exposition.families import add_known, family
 from netmon.exposition.snapshot import LinkPoint, Snapshot
+from netmon.exposition.sweeps import sweep_families
 from netmon.exposition.verdicts import result_families, state_families, verdict_families
 from netmon.gpu.linkhealth import LinkHealth, downtrained, nvlink_sums
 
@@ -337,6 +338,7 @@ COLLECTORS: Mapping[str, Collector] = {
     "probes": probe_families,
     "link_health": link_health_families,
     "group": group_families,
+    "sweep": sweep_families,
     "daemon": daemon_families,
 }
 

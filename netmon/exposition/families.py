@@ -7,7 +7,7 @@ from typing import TypeAlias
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from netmon.exposition.catalogue import BY_NAME, NVML_WHEN, NVML_WHEN_PROBES
+from netmon.exposition.catalogue import BY_NAME, NVML_WHEN, NVML_WHEN_PROBES, SWEEP_WHEN
 from netmon.exposition.snapshot import Snapshot
 
 MetricFamily: TypeAlias = GaugeMetricFamily | CounterMetricFamily
@@ -31,6 +31,8 @@ def family(name: str, snapshot: Snapshot) -> MetricFamily:
         documentation += f". {NVML_WHEN.format(interval=f'{snapshot.link_interval_s:g} s')}."
     elif entry.measured == "nvml":
         documentation += f". {NVML_WHEN_PROBES}."
+    elif entry.measured == "sweep":
+        documentation += f". {SWEEP_WHEN}."
     if entry.type == "counter":
         return CounterMetricFamily(name, documentation, labels=entry.labels)
     return GaugeMetricFamily(name, documentation, labels=entry.labels)

@@ -1,6 +1,7 @@
-"""The HTTP server of /metrics, /healthz and /, bounded against hostile or broken clients (request
-heads under a size limit and one deadline, connections capped, TLS handshakes off the accept loop;
-docs/SECURITY.md gives the reasons).
+"""The HTTP server of /metrics, /healthz and /, and of POST /sweep where the daemon takes sweep
+reports, bounded against hostile or broken clients (request heads and bodies under size limits
+and one deadline, connections capped, TLS handshakes off the accept loop; docs/SECURITY.md gives
+the reasons). What a POSTed body means is the `on_sweep` callback's business, not the server's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ MAX_REQUEST_LINE = 8192
 MAX_HEADER_BYTES = 16384
 # A body (never expected) up to this size is read and dropped; a larger one closes the connection.
 MAX_DISCARDED_BODY = 65536
+# POST /sweep: a larger body is refused (413) unread, and the connection closed.
+MAX_POST_BODY = 65536
 # The request line and headers must arrive within this many seconds of the server starting to wait
 # for them, however slowly the bytes trickle in; each response write is bounded by it too.
 REQUEST_TIMEOUT_S = 10.0
@@ -40,6 +43,10 @@ MAX_CONNECTIONS = 512
 # How often, at most, a server started with --web-config compares the state of its files: a stat
 # of up to four files a second, whatever the rate of connections (see WebConfigReloader).
 WEB_CONFIG_CHECK_S = 1.0
+TEXT = "text/plain; charset=utf-8"
+
+# What POST /sweep does with a body: the HTTP status and a one-line answer.
+BodyHandler = Callable[[bytes], tuple[int, str]]
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -111,18 +118,31 @@ class _Handler(BaseHTTPRequestHandler):
                     return  # parse_request has answered 400, 431 or 505
             finally:
                 self.rfile = rfile
-            self._skip_body()
-            self._reader.deadline = float("inf")
-            if self.command == "GET":
-                self.do_GET()
-            elif self.command == "HEAD":
-                self.do_HEAD()
+            if self.command == "POST" and self._route() == "/sweep":
+                self.do_POST()  # reads the body it takes, under the same deadline
             else:
-                self._not_allowed()
+                self._skip_body()
+                self._reader.deadline = float("inf")
+                self._dispatch()
             self.wfile.flush()
         except TimeoutError as exc:
             self.log_error("request timed out: %r", exc)
             self.close_connection = True
+
+    def _dispatch(self) -> None:
+        if self.command == "GET":
+            self.do_GET()
+        elif self.command == "HEAD":
+            self.do_HEAD()
+        else:
+            self._not_allowed()
+
+    def _route(self) -> str:
+        return self.path.split("?", 1)[0]
+
+    def _authorized(self) -> bool:
+        auth = self.server.security.auth if self.server.security else None
+        return auth is None or auth.check(self.headers["Authorization"])
 
     def _skip_body(self) -> None:
         """Reads a small body (none is expected) to keep the connection; else closes it after."""
@@ -140,41 +160,87 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        auth = self.server.security.auth if self.server.security else None
+        path = self._route()
         # /healthz says only "ok", so probes (kubelet) need no credentials; see docs/SECURITY.md.
-        if (
-            path != "/healthz"
-            and auth is not None
-            and not auth.check(self.headers["Authorization"])
-        ):
-            headers = {"WWW-Authenticate": 'Basic realm="netmon"'}
-            self._send(401, b"unauthorized\n", "text/plain; charset=utf-8", headers)
+        if path != "/healthz" and not self._authorized():
+            self._unauthorized()
         elif path == "/metrics":
             self._send(200, self.server.page(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            self._send(200, b"ok\n", TEXT)
         elif path == "/":
             body = b"<html><body><h1>netmon</h1><a href='/metrics'>/metrics</a></body></html>\n"
             self._send(200, body, "text/html; charset=utf-8")
+        elif path == "/sweep" and self.server.on_sweep is not None:
+            self._send(405, b"method not allowed\n", TEXT, {"Allow": "POST"})
         else:
-            self._send(404, b"not found\n", "text/plain; charset=utf-8")
+            self._send(404, b"not found\n", TEXT)
 
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def do_POST(self) -> None:
+        """/sweep: the body to the server's on_sweep, its answer to the client; 404 without one."""
+        on_sweep = self.server.on_sweep
+        if on_sweep is None or not self._authorized():
+            self._skip_body()
+            self._reader.deadline = float("inf")
+            if on_sweep is None:
+                self._send(404, b"not found\n", TEXT)
+            else:
+                self._unauthorized()
+            return
+        body = self._read_body()
+        self._reader.deadline = float("inf")
+        if body is None:
+            return  # refused, and answered
+        try:
+            status, text = on_sweep(body)
+        except Exception:
+            log.error("http: POST /sweep failed", exc_info=True)
+            status, text = 500, "internal error"
+        self._send(status, f"{text}\n".encode(), TEXT)
+
+    def _read_body(self) -> bytes | None:
+        """The body, at most MAX_POST_BODY bytes, read under the request's deadline; None once a
+        refusal is sent (411, 413, 400)."""
+        length = self.headers.get("Content-Length")
+        if length is None or "Transfer-Encoding" in self.headers:
+            self._skip_body()  # closes the connection after a chunked body
+            self._send(411, b"Content-Length required\n", TEXT)
+            return None
+        size = int(length) if length.isascii() and length.strip().isdigit() else -1
+        if not 0 <= size <= MAX_POST_BODY:
+            self.close_connection = True  # the body stays unread
+            if size < 0:
+                self._send(400, b"bad Content-Length\n", TEXT)
+            else:
+                self._send(413, f"body over {MAX_POST_BODY} bytes\n".encode(), TEXT)
+            return None
+        body: bytes = self.rfile.read(size)
+        if len(body) < size:
+            self.close_connection = True
+            self._send(400, b"body shorter than its Content-Length\n", TEXT)
+            return None
+        return body
+
+    def _unauthorized(self) -> None:
+        headers = {"WWW-Authenticate": 'Basic realm="netmon"'}
+        self._send(401, b"unauthorized\n", TEXT, headers)
+
     def _not_allowed(self) -> None:
         self.close_connection = True  # the body was not necessarily read
-        self._send(
-            405, b"method not allowed\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"}
-        )
+        self._send(405, b"method not allowed\n", TEXT, {"Allow": "GET, HEAD"})
 
     def _send(
         self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
     ) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
+        if status == 204:
+            body = b""  # No Content: neither a body nor its headers (RFC 9110, 8.6)
+        else:
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         if self.close_connection:
@@ -194,7 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class MetricsServer(ThreadingHTTPServer):
-    """/metrics, /healthz and / over HTTP, or HTTPS and basic auth with a web-config."""
+    """/metrics, /healthz and / (and POST /sweep with `on_sweep`) over HTTP, or HTTPS and basic
+    auth with a web-config."""
 
     daemon_threads = True
     # The listen backlog: a burst of connections waits here rather than in SYN retries.
@@ -210,11 +277,14 @@ class MetricsServer(ThreadingHTTPServer):
         request_timeout: float = REQUEST_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
         web_config_check_s: float = WEB_CONFIG_CHECK_S,
+        on_sweep: BodyHandler | None = None,
     ) -> None:
         # What /metrics serves: a SnapshotPage, or any registry, rendered on every scrape.
         self.page: Callable[[], bytes] = (
             (lambda: generate_latest(page)) if isinstance(page, CollectorRegistry) else page
         )
+        # POST /sweep takes a body to this (the daemon's sweep inbox); None: 404.
+        self.on_sweep = on_sweep
         self._security = security
         self.web_config = _follow(security, web_config_check_s)
         self.request_timeout = request_timeout

@@ -13,6 +13,7 @@ from netmon.gpu.linkhealth import LinkHealth
 if TYPE_CHECKING:
     from netmon.baseline import Verdict
     from netmon.probe.spec import ProbeOutcome, SizeResult
+    from netmon.sweep.node_report import NodeReport
 
 SeriesKey: TypeAlias = tuple[str, str, int, str, int]  # (probe, op, size_bytes, path, ranks)
 
@@ -137,6 +138,16 @@ class GroupView:
 
 
 @dataclass(frozen=True)
+class SweepView:
+    """What cluster sweeps delivered to this node (POST /sweep): the last report accepted, the
+    sweeps in a row that named this node, and deliveries by outcome."""
+
+    report: NodeReport | None = None
+    suspect_sweeps: int = 0
+    reports: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     series: tuple[SeriesPoint, ...] = ()
     restored: tuple[VerdictPoint, ...] = ()
@@ -179,6 +190,7 @@ class Snapshot:
     baseline_restored: bool = False
     state_write_errors: int = 0
     reference_resets: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    sweep: SweepView | None = None  # None: no sweep.secret_file, POST /sweep is 404
 
 
 def series_points(

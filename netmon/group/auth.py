@@ -100,14 +100,18 @@ def read_secret(path: Path) -> bytes:
 def group_secret(group: GroupConfig) -> bytes:
     """The secret of a configured group; UsageError names the setting and the fix."""
     assert group.secret_file is not None  # GroupConfig requires it
+    return setting_secret("group.secret_file", group.secret_file)
+
+
+def setting_secret(setting: str, path: Path) -> bytes:
+    """The secret in the file a setting names (group.secret_file, sweep.secret_file);
+    UsageError names the setting and the fix."""
     try:
-        secret = read_secret(group.secret_file)
+        secret = read_secret(path)
     except ValueError as exc:
-        raise UsageError(f"group.secret_file: {exc}") from None
-    if _readable_by_others(group.secret_file):
-        log.warning(
-            "group.secret_file %s is readable by every user: chmod 600 it", group.secret_file
-        )
+        raise UsageError(f"{setting}: {exc}") from None
+    if _readable_by_others(path):
+        log.warning("%s %s is readable by every user: chmod 600 it", setting, path)
     return secret
 
 

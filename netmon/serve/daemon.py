@@ -43,6 +43,7 @@ from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
+from netmon.serve.sweep_inbox import open_inbox, secret_path
 from netmon.serve.telemetry import LinkTelemetry
 from netmon.topology.identity import read_identity
 from netmon.topology.model import Topology
@@ -178,10 +179,11 @@ class Daemon:
         self.stopping = threading.Event()
         self.topology = _topology(config)
         _check_specs(config, self.topology)
-        keeper = BaselineKeeper.open(
-            _state_path(config), config.baseline, read_identity(self.topology)
-        )
+        state_path = _state_path(config)
+        keeper = BaselineKeeper.open(state_path, config.baseline, read_identity(self.topology))
         self.results = Results(self.current, keeper)
+        state_dir = state_path.parent if state_path is not None else None
+        self.sweep_inbox = open_inbox(config, state_dir, self.results.set_sweep)
         source = idle_source or _idle_source(config)
         self.readiness = Readiness(
             self.current,
@@ -216,6 +218,7 @@ class Daemon:
                 config.listen_port,
                 SnapshotPage(self.results.snapshot),
                 security=web,
+                on_sweep=self.sweep_inbox.receive if self.sweep_inbox is not None else None,
             )
         except OSError as exc:
             raise UsageError(f"listen: cannot listen on {config.listen}: {exc.strerror}") from None
@@ -273,6 +276,8 @@ class Daemon:
         try:
             new = self.loader()
             changed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.config, f)]
+            if secret_path(new) != secret_path(self.config):  # read at start, as group's
+                changed.append("sweep.secret_file")
             if changed:
                 raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
             _check_specs(new, self.topology)

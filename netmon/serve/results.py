@@ -24,6 +24,7 @@ from netmon.exposition.snapshot import (
     ProbeStats,
     SeriesPoint,
     Snapshot,
+    SweepView,
     VerdictPoint,
     forget_verdict,
     series_points,
@@ -90,6 +91,7 @@ class Results:
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts: dict[str, PeerVerdict] = {}
         self._group_rejected: dict[str, int] = {}
+        self._sweep: SweepView | None = None  # set by the sweep inbox, where there is one
         # Results of judged series, conclusive or not: the disturbed share's denominator.
         self._series_results = dict.fromkeys(_judging_probes(config), 0)
         self._book.adopt_ranks(lambda name: _all_ranks(config, name))
@@ -201,6 +203,11 @@ class Results:
             self._link_health = health
             if health is not None and health.under_load:
                 self._link_load = health
+            self._snapshot = self._build_snapshot()
+
+    def set_sweep(self, view: SweepView) -> None:
+        with self._lock:
+            self._sweep = view
             self._snapshot = self._build_snapshot()
 
     def zygote_started(self) -> None:
@@ -414,6 +421,7 @@ class Results:
             baseline_restored=self._keeper.restored,
             state_write_errors=self._keeper.write_errors,
             reference_resets=self._keeper.resets(self._series_results),
+            sweep=self._sweep,
         )
 
 

@@ -1,0 +1,152 @@
+"""The daemon's side of cluster sweeps: POST /sweep hands it a sealed report, netmon.sweep.inbox
+decides, and what it accepts is kept in state_dir/sweep.json, so that a restart keeps the last
+results and the count of sweeps in a row that named this node, and published for /metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from netmon.baseline import state
+from netmon.config import NetmonConfig
+from netmon.errors import one_line
+from netmon.exposition.snapshot import SweepView
+from netmon.group.auth import setting_secret
+from netmon.sweep import inbox
+from netmon.sweep.inbox import InboxError, SweepState
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "sweep.json"
+MAX_STATE_BYTES = 1 << 20  # one report (at most 64 KiB) and a count; a larger file is not ours
+
+
+def node_names(hostname: str | None = None) -> tuple[str, ...]:
+    """The names this node's reports may carry: Slurm names a node by its short host name as a
+    rule, so that one, and the full one where it differs."""
+    full = hostname if hostname is not None else socket.gethostname()
+    return tuple(dict.fromkeys((full.split(".")[0], full)))
+
+
+def secret_path(config: NetmonConfig) -> Path | None:
+    return config.sweep.secret_file if config.sweep is not None else None
+
+
+def open_inbox(
+    config: NetmonConfig, state_dir: Path | None, publish: Callable[[SweepView], None]
+) -> SweepInbox | None:
+    """The inbox of a daemon with `sweep.secret_file` (UsageError when it cannot be used), None
+    without one; `state_dir` None: the directory is unusable and nothing is kept."""
+    path = secret_path(config)
+    if path is None:
+        return None
+    secret = setting_secret("sweep.secret_file", path)
+    kept = state_dir / STATE_FILE if state_dir is not None else None
+    return SweepInbox(secret, node_names(), kept, publish)
+
+
+class SweepInbox:
+    """Takes delivered reports one at a time, keeps what they leave, publishes it."""
+
+    def __init__(
+        self,
+        secret: bytes,
+        names: Sequence[str],
+        path: Path | None,
+        publish: Callable[[SweepView], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._secret = secret
+        self.names = tuple(names)
+        self._path = path
+        self._publish = publish
+        self._clock = clock
+        # One delivery at a time: the replay check and the count it moves are one decision.
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(inbox.REPORT_OUTCOMES, 0)
+        self._state = load(path) if path is not None else SweepState()
+        self._show()
+        log.info(
+            "sweep: POST /sweep takes reports for node %s (%s)",
+            " or ".join(self.names),
+            f"kept in {path}" if path is not None else "not kept: state_dir unusable",
+        )
+
+    def receive(self, body: bytes) -> tuple[int, str]:
+        """POST /sweep: the HTTP status and a one-line answer."""
+        with self._lock:
+            try:
+                report = inbox.accept(
+                    _text(body), self._secret, self.names, self._clock(), self._state.last_sweep
+                )
+            except InboxError as exc:
+                self._counts[exc.outcome] += 1
+                self._show()
+                log.warning("sweep: report refused (%d): %s", exc.status, exc)
+                return exc.status, str(exc)
+            self._state = self._state.after(report)
+            self._counts["accepted"] += 1
+            self._save()
+            self._show()
+            in_a_row = self._state.suspect_sweeps
+        named = f"named suspect, {in_a_row} sweep(s) in a row" if report.suspect else "not named"
+        log.info(
+            "sweep %s: report accepted, %d results, %s", report.sweep, len(report.results), named
+        )
+        return 204, "accepted"
+
+    def _show(self) -> None:
+        self._publish(SweepView(self._state.report, self._state.suspect_sweeps, dict(self._counts)))
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        document = json.dumps(self._state.to_json(), allow_nan=False, separators=(",", ":"))
+        try:
+            state.write_atomic(self._path, (document + "\n").encode())
+        except OSError as exc:
+            log.warning("sweep: cannot save %s (%s): a restart forgets this sweep", self._path, exc)
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise inbox.Malformed("not UTF-8 text") from None
+
+
+def load(path: Path) -> SweepState:
+    """The state saved at `path`, else a fresh one: none saved yet, or (logged) an unreadable
+    file, or one that is not a state document, which is set aside and kept."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_STATE_BYTES + 1)
+    except FileNotFoundError:
+        return SweepState()
+    except OSError as exc:
+        log.warning("sweep: cannot read %s (%s): starting without sweep results", path, exc)
+        return SweepState()
+    try:
+        if len(raw) > MAX_STATE_BYTES:
+            raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
+        return SweepState.from_json(json.loads(raw))
+    except (ValueError, RecursionError) as exc:  # ValidationError and UnicodeDecodeError too
+        reason = one_line(exc)
+    try:
+        aside = state.set_aside(path)
+    except OSError as exc:
+        log.warning(
+            "sweep: %s is unusable (%s) and could not be moved aside (%s); the next sweep "
+            "replaces it",
+            path,
+            reason,
+            one_line(exc),
+        )
+    else:
+        log.warning("sweep: %s is unusable (%s); moved to %s", path, reason, aside.name)
+    return SweepState()

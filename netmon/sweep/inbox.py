@@ -1,0 +1,160 @@
+"""What a node's daemon accepts of a delivered sweep report (POST /sweep), decided without I/O:
+sealed with the sweep secret under the key of the node it names, for this node, fresh, and from
+a newer sweep than the last one accepted; and the state the accepted reports leave
+(netmon.serve.sweep_inbox keeps it, saves it and exports it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import ValidationError
+
+from netmon.errors import describe_validation_error
+from netmon.group.auth import MAX_AGE_S, AuthError, Sealer
+from netmon.sweep.node_report import SEAL_GROUP, NodeReport, seal_key
+
+# A full report (MAX_RESULTS results of about 200 bytes with short node names) is some 50 KB.
+MAX_REPORT_BYTES = 64 << 10
+# How each delivery is counted (netmon_sweep_reports_total{outcome}).
+REPORT_OUTCOMES = ("accepted", "malformed", "refused")
+STATE_VERSION = 1
+_MESSAGE_CHARS = 200  # what an answer's one line may carry of a reason
+
+
+class InboxError(Exception):
+    """A report that is not accepted: `status` is the HTTP answer, `outcome` how it is counted."""
+
+    status: ClassVar[int] = 403
+    outcome: ClassVar[str] = "refused"
+
+
+class Malformed(InboxError):
+    status = 400
+    outcome = "malformed"
+
+
+class TooLarge(Malformed):
+    status = 413
+
+
+class BadSeal(InboxError):
+    """Not sealed with this daemon's sweep secret under the key of the node it names."""
+
+
+class WrongNode(InboxError):
+    """Sealed for another node: delivered to the wrong address."""
+
+
+class Stale(InboxError):
+    """Sealed too long ago (or ahead): a recording replayed, or clocks that disagree."""
+
+
+class Replayed(InboxError):
+    """From a sweep no newer than the last one accepted."""
+
+
+def sweep_started_ms(sweep: str) -> int:
+    """When a sweep started, from its id (13 digits of Unix milliseconds, then random)."""
+    return int(sweep[:13])
+
+
+def accept(
+    sealed: str,
+    secret: bytes,
+    names: Collection[str],
+    now: float,
+    last_sweep: str | None,
+    max_age: float = MAX_AGE_S,
+) -> NodeReport:
+    """The report in `sealed` if this node (known by `names`) takes it; else an InboxError."""
+    if len(sealed.encode()) > MAX_REPORT_BYTES:
+        raise TooLarge(f"a report is at most {MAX_REPORT_BYTES} bytes")
+    node = _named_node(sealed)
+    try:
+        body = Sealer(SEAL_GROUP, secret).open(seal_key(node), sealed)
+    except AuthError:  # the payload is a JSON object (read above): the MAC is what is wrong
+        raise BadSeal(
+            _short(f"{seal_key(node)}: wrong MAC (another sweep secret, or tampered with)")
+        ) from None
+    if node not in names:
+        raise WrongNode(_short(f"a report for node {node}; this is {', '.join(sorted(names))}"))
+    try:
+        report = NodeReport.model_validate(body)
+    except ValidationError as exc:
+        raise Malformed(_short(f"not a sweep report: {describe_validation_error(exc)}")) from None
+    times = (report.at, report.finished_at, *(r.measured_at for r in report.results))
+    if not all(math.isfinite(t) for t in times):  # JSON's NaN and Infinity parse as floats
+        raise Malformed("a time that is not a finite number")
+    _check_fresh(report, now, max_age)
+    if last_sweep is not None and sweep_started_ms(report.sweep) <= sweep_started_ms(last_sweep):
+        raise Replayed(f"sweep {report.sweep} is not newer than the last accepted, {last_sweep}")
+    return report
+
+
+def _named_node(sealed: str) -> str:
+    """The node a sealed report names, read before its MAC is checked: to choose the key."""
+    mac, dot, payload = sealed.partition(".")
+    if not dot or len(mac) != 64:
+        raise Malformed("not a sealed report (MAC.JSON)")
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise Malformed("sealed, but not JSON") from None
+    node = body.get("node") if isinstance(body, dict) else None
+    if not isinstance(node, str) or not node:
+        raise Malformed("no node named in the report")
+    return node
+
+
+def _check_fresh(report: NodeReport, now: float, max_age: float) -> None:
+    skew = now - report.at
+    if abs(skew) > max_age:
+        way = "in the future" if skew < 0 else "old"
+        raise Stale(
+            f"sealed {abs(skew):.0f} s {way}, more than {max_age:.0f} s (a replay, or the "
+            "clocks of this node and the sweep's disagree: check NTP)"
+        )
+    # A sweep id far ahead would refuse every later sweep as a replay until the clock caught up.
+    if sweep_started_ms(report.sweep) > (now + max_age) * 1000:
+        raise Stale(f"sweep {report.sweep} starts in the future")
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True)
+class SweepState:
+    """What the accepted reports leave: the last one, and how many sweeps in a row named this
+    node (a sweep that did not measure it delivers nothing and changes nothing)."""
+
+    report: NodeReport | None = None
+    suspect_sweeps: int = 0
+
+    def after(self, report: NodeReport) -> SweepState:
+        return SweepState(report, self.suspect_sweeps + 1 if report.suspect else 0)
+
+    @property
+    def last_sweep(self) -> str | None:
+        return self.report.sweep if self.report is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        report = self.report.model_dump(mode="json") if self.report is not None else None
+        return {"version": STATE_VERSION, "suspect_sweeps": self.suspect_sweeps, "report": report}
+
+    @classmethod
+    def from_json(cls, data: Any) -> SweepState:
+        """ValueError when `data` is not a state document of this version."""
+        if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
+            raise ValueError(f"not a sweep state document of version {STATE_VERSION}")
+        count = data.get("suspect_sweeps")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"suspect_sweeps: a count >= 0, not {count!r}")
+        raw = data.get("report")
+        report = NodeReport.model_validate(raw) if raw is not None else None
+        return cls(report, count)
