@@ -76,12 +76,15 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if not partition:
         raise UsageError("--partition: name the preemptible partition (or set sweep.partition)")
     secret = _secret(settings)
+    auth = _basic_auth(settings)
     sweep_id = new_sweep_id()
     try:
         with history.exclusive(directory):
-            whole = _sweep(args, config, settings, directory, sweep_id, partition, secret)
-    except (CouldNotRun, history.Busy) as exc:
-        return _could_not_run(args, sweep_id, str(exc))
+            whole = _sweep(args, config, settings, directory, sweep_id, partition, secret, auth)
+    except CouldNotRun as exc:
+        return _could_not_run(args, sweep_id, str(exc), exc.partial)
+    except history.Busy as exc:
+        return _could_not_run(args, sweep_id, str(exc), {})
     _print(args, whole)
     return EXIT_GATE if whole["suspects"] else EXIT_OK
 
@@ -94,6 +97,7 @@ def _sweep(
     sweep_id: str,
     partition: str,
     secret: bytes | None,
+    auth: tuple[str, str] | None,
 ) -> dict[str, Any]:
     from netmon.sweep import deliver, history, report
     from netmon.sweep.runner import run_sweep
@@ -115,7 +119,7 @@ def _sweep(
     whole = outcome.whole
     if secret is None:
         whole["delivered"] = {}
-        whole["notes"] = ["not delivered to the daemons: sweep.secret_file is not set"]
+        whole["notes"].append("not delivered to the daemons: sweep.secret_file is not set")
         return whole
     reports = report.node_reports(sweep_id, outcome.localiser, outcome.finished_at)
     whole["delivered"] = deliver.deliver(
@@ -125,14 +129,30 @@ def _sweep(
         scheme=settings.daemon_scheme,
         port=settings.daemon_port,
         ca_file=settings.ca_file,
+        basic_auth=auth,
     )
     return whole
 
 
-def _could_not_run(args: argparse.Namespace, sweep_id: str, why: str) -> int:
+def _basic_auth(settings: Any) -> tuple[str, str] | None:
+    if settings.daemon_username is None:
+        return None
+    if settings.daemon_password_file is None:
+        raise UsageError("sweep.daemon_password_file: set it with sweep.daemon_username")
+    try:
+        password = settings.daemon_password_file.read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"sweep.daemon_password_file: {exc.strerror or exc}") from None
+    return settings.daemon_username, password
+
+
+def _could_not_run(
+    args: argparse.Namespace, sweep_id: str, why: str, partial: dict[str, Any]
+) -> int:
     print(f"netmon sweep: could not run: {why}", file=sys.stderr)
     if args.json:
-        empty = {"sweep": sweep_id, "error": why, "rounds": 0, "pairs": [], "suspects": []}
+        empty: dict[str, Any] = {"sweep": sweep_id, "rounds": 0, "pairs": [], "results": []}
+        empty |= {"skips": [], "suspects": [], "undecided": [], **partial, "error": why}
         print(json.dumps(empty, indent=2))
     return EXIT_NO_SWEEP
 
@@ -155,7 +175,7 @@ def _print(args: argparse.Namespace, whole: dict[str, Any]) -> None:
     for suspect in whole["suspects"]:
         where = f" (the path to {suspect['peer']})" if "peer" in suspect else ""
         print(f"SUSPECT {suspect['node']}{where}, rails {suspect['rails']}")
-    if whole["undecided"]:
-        print(f"undecided (failed, not confirmed in time): {', '.join(whole['undecided'])}")
+    for note in whole.get("notes", []):
+        print(f"note: {note}")
     if not whole["suspects"]:
         print("no suspect")

@@ -5,8 +5,10 @@ sweep's figures; the sweep's verdict does not depend on it."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -26,10 +28,11 @@ def _url(scheme: str, address: str, port: int) -> str:
     return f"{scheme}://{host}:{port}/sweep"
 
 
-def _post(url: str, body: bytes, context: ssl.SSLContext | None) -> str:
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "text/plain; charset=utf-8"}
-    )
+def _post(url: str, body: bytes, context: ssl.SSLContext | None, authorization: str | None) -> str:
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    if authorization:
+        headers["Authorization"] = authorization
+    request = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as answer:
             return "ok" if answer.status in (200, 204) else f"HTTP {answer.status}"
@@ -47,15 +50,23 @@ def deliver(
     scheme: str = "http",
     port: int = 19464,
     ca_file: Path | None = None,
+    basic_auth: tuple[str, str] | None = None,
 ) -> dict[str, str]:
-    """{node: "ok" or why not} for every report."""
+    """{node: "ok" or why not} for every report. Each is stamped when it is sealed: the
+    daemons take it only while it is fresh (netmon.group.auth.MAX_AGE_S)."""
     sealer = Sealer(SEAL_GROUP, secret)
     context = ssl.create_default_context(cafile=str(ca_file)) if scheme == "https" else None
 
+    authorization = None
+    if basic_auth is not None:
+        token = base64.b64encode(":".join(basic_auth).encode()).decode()
+        authorization = f"Basic {token}"
+
     def one(report: NodeReport) -> tuple[str, str]:
-        body = sealer.seal(seal_key(report.node), report.model_dump(mode="json")).encode()
+        stamped = report.model_copy(update={"at": time.time()})
+        body = sealer.seal(seal_key(report.node), stamped.model_dump(mode="json")).encode()
         url = _url(scheme, addresses.get(report.node, report.node), port)
-        outcome = _post(url, body, context)
+        outcome = _post(url, body, context, authorization)
         if outcome != "ok":
             log.warning("sweep: report for %s not delivered to %s: %s", report.node, url, outcome)
         return report.node, outcome

@@ -32,7 +32,7 @@ class Rules:
     policy: BaselinePolicy = field(default_factory=BaselinePolicy)
     size: int = 16 << 20
     cohort_ratio: float = 0.8
-    min_cohort: int = 3
+    min_cohort: int = 2
     min_busbw: float | None = None
 
 

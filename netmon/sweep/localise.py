@@ -1,16 +1,19 @@
 """One sweep's rounds, as a pure state machine: plan a round, record how its pairs came out,
 plan the next, until every failed pair is explained (docs/SWEEPS.md, "Naming the bad end").
 
-A node is named only when a pair of it with a node that passed fails too: two failures, one with
-a known good partner. When both ends of a failed pair pass with others, the pair is measured
-again as it was: failing again names the path between them, passing says it was noise. A
-skipped pair (preempted, busy, error, timeout) is never judged; its nodes leave the sweep.
+A node is named only when a pair of it with a node that passed (never the partner it failed with)
+fails too, on a rail it failed on before: two failures, one with a known good partner. When both
+ends of a failed pair pass with others, the pair is measured again as it was: failing again
+names the path between them, passing says it was noise. A skipped pair (preempted, busy, error,
+timeout) is never judged: its nodes are tried again while they stay idle, and a failed pair the
+rounds could not explain is reported undecided. Each class's level is its round-1 matching's:
+later rounds are made of failed ends, and would pull it down.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
@@ -57,10 +60,13 @@ class Localiser:
     good: set[str] = field(default_factory=set)
     named: dict[str, Suspect] = field(default_factory=dict)
     paths: list[Suspect] = field(default_factory=list)
-    gone: set[str] = field(default_factory=set)  # skipped: taken by a job, failed, drained
+    gone: set[str] = field(default_factory=set)  # no longer idle: taken by a job, drained
     waiting: list[str] = field(default_factory=list)  # the odd node out, for the next sweep
-    # Failed pairs (or trios) not yet explained, each as its sorted members.
-    _unresolved: list[tuple[str, ...]] = field(default_factory=list)
+    # Failed pairs (or trios) not yet explained, each as its sorted members, with the rails
+    # they failed on; and every node's failed rails and the nodes it failed with.
+    _groups: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict)
+    _failed_rails: dict[str, set[int]] = field(default_factory=dict)
+    _failed_with: dict[str, set[str]] = field(default_factory=dict)
     _path_checked: set[tuple[str, ...]] = field(default_factory=set)
     _rounds: int = 0
     _current: Sequence[PairRun] = ()  # the round being recorded
@@ -69,47 +75,53 @@ class Localiser:
     def rounds(self) -> int:
         return self._rounds
 
-    def next_round(self) -> list[PairPlan]:
-        """The pairs of the next round; empty when the sweep is done."""
+    def next_round(self, available: Collection[str] | None = None) -> list[PairPlan]:
+        """The pairs of the next round; empty when the sweep is done. `available`: the nodes
+        still idle (the scheduler's answer now); the others leave the sweep."""
+        if available is not None:
+            self.gone |= {n.name for n in self.nodes} - set(available)
         if self._rounds >= self.max_rounds:
             return []
         if self._rounds == 0:
-            pairs, self.waiting = plan.first_round(self.nodes, self.rng, self.odd)
+            nodes = [n for n in self.nodes if n.name not in self.gone]
+            pairs, self.waiting = plan.first_round(nodes, self.rng, self.odd)
         else:
             pairs = self._locate_round()
         if pairs:
             self._rounds += 1
         return pairs
 
-    def _locate_round(self) -> list[PairPlan]:
-        open_pairs = [pair for pair in self._unresolved if self._open(pair)]
-        to_test = [p for p in open_pairs if not self._both_good(p)]
-        checks = [p for p in open_pairs if self._both_good(p) and p not in self._path_checked]
-        available = [n for n in self.nodes if n.name not in self.gone]
-        return plan.locate_round(
-            available,
-            self._rounds + 1,
-            self._untested(to_test),
-            sorted(self.good),
-            checks,
-            self.rng,
-        )
+    def _settled(self) -> set[str]:
+        return self.good | set(self.named)
 
-    def _untested(self, groups: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]]:
-        """The failed pairs, with the ends already cleared or named dropped."""
-        settled = self.good | set(self.named) | self.gone
-        return [ends for group in groups if (ends := tuple(n for n in group if n not in settled))]
-
-    def _open(self, pair: tuple[str, ...]) -> bool:
-        """Still to explain: an end neither cleared nor named, or both cleared (a path)."""
-        if any(n in self.gone for n in pair):
+    def _explained(self, group: tuple[str, ...]) -> bool:
+        """A failed group is explained by a named member, the others cleared; or, all cleared,
+        by a path check (a trio's path is not checked: it stays undecided)."""
+        settled = self._settled()
+        if not all(n in settled for n in group):
             return False
-        if any(n in self.named for n in pair):
-            return not all(n in self.named or n in self.good for n in pair)
-        return pair not in self._path_checked or not self._both_good(pair)
+        if any(n in self.named for n in group):
+            return True
+        return group in self._path_checked
 
-    def _both_good(self, pair: tuple[str, ...]) -> bool:
-        return all(n in self.good for n in pair)
+    def _locate_round(self) -> list[PairPlan]:
+        open_groups = [g for g in self._groups if not self._explained(g)]
+        settled = self._settled()
+        to_test = [
+            ends
+            for g in open_groups
+            if (ends := tuple(n for n in g if n not in settled and n not in self.gone))
+        ]
+        checks = [
+            g
+            for g in open_groups
+            if len(g) == 2 and all(n in self.good for n in g) and not self.gone & set(g)
+        ]
+        available = [n for n in self.nodes if n.name not in self.gone]
+        good = sorted(self.good - self.gone)
+        return plan.locate_round(
+            available, self._rounds + 1, to_test, good, checks, self.rng, self._failed_with
+        )
 
     def record(self, runs: Sequence[PairRun]) -> list[JudgedPair]:
         """Judge one round's runs and update what is known of each node."""
@@ -139,23 +151,16 @@ class Localiser:
         return JudgedPair(run, rails)
 
     def _cohort(self, nodes: Sequence[str], rail: int) -> list[float]:
-        """The values of this class measured in this sweep so far, this round's included."""
+        """The round-1 values of this class: the matching, not later rounds of failed ends."""
         cls = self._class(nodes)
-        values = [
-            r.busbw
-            for p in self.judged
-            for r in p.rails
-            if r.rail == rail and self._class(p.run.plan.nodes) == cls
-        ]
-        return values + self._round_values(rail, cls)
-
-    def _round_values(self, rail: int, cls: str) -> list[float]:
-        # record() judges a round's runs one by one: the cohort is the whole round, so the runs
-        # of this round are read from the scheduler's answer, not from earlier verdicts.
+        runs = [p.run for p in self.judged] + list(self._current)
         return [
             r.busbw[rail]
-            for r in self._current
-            if r.outcome == "ok" and rail < len(r.busbw) and self._class(r.plan.nodes) == cls
+            for r in runs
+            if r.outcome == "ok"
+            and r.plan.purpose == "match"
+            and rail < len(r.busbw)
+            and self._class(r.plan.nodes) == cls
         ]
 
     def _class(self, nodes: Sequence[str]) -> str:
@@ -168,35 +173,51 @@ class Localiser:
     def _learn_outcome(self, pair: JudgedPair, good_before: set[str]) -> None:
         nodes = pair.run.plan.nodes
         if pair.passed is None:
-            self.gone |= set(nodes)
-            return
+            return  # not measured: tried again while its nodes stay idle
         if pair.passed:
             self.good |= set(nodes)
             if pair.run.plan.purpose == "path":
                 self._path_checked.add(_key(nodes))
             return
+        failed = frozenset(pair.failed_rails)
         if pair.run.plan.purpose == "path":
-            first, *rest = _key(nodes)
-            self._path_checked.add(_key(nodes))
-            peer = ",".join(rest)
-            self.paths.append(Suspect(first, pair.failed_rails, peer, pair.run.plan.round))
+            group = _key(nodes)
+            self._path_checked.add(group)
+            rails = failed & self._groups.get(group, failed)  # the same rail both times
+            if rails:
+                self.paths.append(
+                    Suspect(group[0], tuple(sorted(rails)), group[1], pair.run.plan.round)
+                )
             return
-        known = [n for n in nodes if n in good_before]
+        for node in nodes:
+            self._failed_with.setdefault(node, set()).update(set(nodes) - {node})
         unknown = [n for n in nodes if n not in good_before]
-        if known and len(unknown) == 1:
-            node = unknown[0]
-            self.named[node] = Suspect(node, pair.failed_rails, None, pair.run.plan.round)
+        if len(unknown) == 1 and len(nodes) > 1:
+            self._against_good(unknown[0], failed, pair.run.plan.round)
             return
-        if len(unknown) >= 2:
-            self._unresolved.append(_key(unknown))
+        for node in unknown:
+            self._failed_rails.setdefault(node, set()).update(failed)
+        self._groups[_key(unknown)] = failed
+
+    def _against_good(self, node: str, failed: frozenset[int], round_: int) -> None:
+        """`node` failed with a good partner: named on the rails it failed on both times; on
+        other rails only, it is tried again (noise on one rail, then on another, is noise)."""
+        before = self._failed_rails.get(node, set())
+        rails = failed & before if before else failed
+        if rails:
+            self.named[node] = Suspect(node, tuple(sorted(rails)), None, round_)
+        else:
+            self._failed_rails.setdefault(node, set()).update(failed)
 
     def suspects(self) -> list[Suspect]:
         return sorted(self.named.values(), key=lambda s: s.node) + list(self.paths)
 
     def undecided(self) -> list[str]:
-        """Nodes of failed pairs the sweep could not clear or name in its rounds."""
-        settled = self.good | set(self.named) | self.gone
-        return sorted({n for pair in self._unresolved for n in pair if n not in settled})
+        """Nodes of failed pairs the sweep could neither clear nor name in its rounds: an end
+        never measured again, or a pair whose path was not measured again."""
+        return sorted(
+            {n for g in self._groups if not self._explained(g) for n in g} - set(self.named)
+        )
 
     def learn(self) -> None:
         """After the sweep: every pair that passed teaches both its ends (a named node learns

@@ -106,6 +106,7 @@ def locate_round(
     good: Iterable[str],
     path_checks: Iterable[tuple[str, ...]],
     rng: random.Random,
+    failed_with: Mapping[str, set[str]] | None = None,
 ) -> list[PairPlan]:
     """The next round of localisation.
 
@@ -115,7 +116,8 @@ def locate_round(
 
     One end of each failed pair is taken first, so every failed pair is split; each end goes
     with a good node while good nodes last, and the ends left over are paired across failed
-    pairs (never with their own partner): a pass then clears both.
+    pairs: a pass then clears both. A node is never paired with one it failed with
+    (`failed_with`): a slow path between them would read as a bad node.
     """
     by_name = {n.name: n for n in nodes}
     free_good = [name for name in good if name in by_name]
@@ -127,13 +129,13 @@ def locate_round(
             plans.append(_plan([by_name[n] for n in group], round_, "path"))
             busy |= set(group)
     free_good = [g for g in free_good if g not in busy]
-    partner_of = _partners(unresolved)
+    partner_of = _partners(unresolved, failed_with or {})
     order = _split_order(unresolved)
     waiting: list[str] = []
     for name in order:
         if name in busy:
             continue
-        good_partner = _take(free_good, by_name[name], by_name)
+        good_partner = _take(free_good, by_name[name], by_name, partner_of.get(name, set()))
         if good_partner is None:
             waiting.append(name)
             continue
@@ -143,8 +145,10 @@ def locate_round(
     return plans
 
 
-def _partners(unresolved: Sequence[tuple[str, ...]]) -> Mapping[str, set[str]]:
-    partner_of: dict[str, set[str]] = {}
+def _partners(
+    unresolved: Sequence[tuple[str, ...]], failed_with: Mapping[str, set[str]]
+) -> Mapping[str, set[str]]:
+    partner_of: dict[str, set[str]] = {name: set(peers) for name, peers in failed_with.items()}
     for group in unresolved:
         for name in group:
             partner_of.setdefault(name, set()).update(group)
@@ -167,12 +171,15 @@ def _split_order(unresolved: Sequence[tuple[str, ...]]) -> list[str]:
     return order
 
 
-def _take(free_good: list[str], node: SweepNode, by_name: Mapping[str, SweepNode]) -> str | None:
-    """A good node with at least this node's rails, else any good node."""
-    for index, name in enumerate(free_good):
-        if by_name[name].rails >= node.rails:
+def _take(
+    free_good: list[str], node: SweepNode, by_name: Mapping[str, SweepNode], avoid: set[str]
+) -> str | None:
+    """A good node with at least this node's rails, else any good node; never one in `avoid`."""
+    allowed = [i for i, name in enumerate(free_good) if name not in avoid]
+    for index in allowed:
+        if by_name[free_good[index]].rails >= node.rails:
             return free_good.pop(index)
-    return free_good.pop(0) if free_good else None
+    return free_good.pop(allowed[0]) if allowed else None
 
 
 def _cross(

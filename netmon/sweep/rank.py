@@ -118,6 +118,8 @@ def main() -> int:
         torch.cuda.set_device(device)
     rank = names.index(me)
     master = nodes[0][1]
+    if ":" in master:
+        master = f"[{master}]"  # an IPv6 NodeAddr
     port = int(environ["NETMON_SWEEP_PORT"]) + rail
     dist.init_process_group(
         "nccl" if gpus else "gloo",

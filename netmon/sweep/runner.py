@@ -24,7 +24,12 @@ MIN_ROUND_S = 15.0
 
 
 class CouldNotRun(Exception):
-    """The sweep could not run at all (exit 3); the message says why, in one line."""
+    """The sweep could not run at all (exit 3); the message says why, in one line, and
+    `partial` is the report of what it did before it gave up (pairs skipped), if anything."""
+
+    def __init__(self, message: str, partial: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.partial = partial or {}
 
 
 def new_sweep_id(now: float | None = None) -> str:
@@ -84,27 +89,44 @@ def run_sweep(
         max_rounds=settings.max_rounds,
         odd=settings.odd,
     )
+    notes: list[str] = []
     try:
-        _rounds(scheduler, loc, deadline)
+        _rounds(scheduler, loc, deadline, notes)
     finally:
         scheduler.cleanup()
     loc.learn()
     finished_at = time.time()
+    whole = report.whole(sweep, partition, loc, started_at, finished_at)
+    if loc.undecided():
+        notes.append(f"failed, neither cleared nor named: {', '.join(loc.undecided())}")
+    whole["notes"] = notes
     measured = sum(1 for pair in loc.judged if pair.passed is not None)
     if not measured:
         first = next((p.run.detail for p in loc.judged if p.run.detail), "no pair ran")
-        raise CouldNotRun(f"no pair could be measured: {first}")
-    whole = report.whole(sweep, partition, loc, started_at, finished_at)
-    return Outcome(whole, loc, finished_at, measured)
+        raise CouldNotRun(f"no pair could be measured: {first}", whole)
+    return Outcome(whole, loc, finished_at, measured, notes)
 
 
-def _rounds(scheduler: Scheduler, loc: Localiser, deadline: float) -> None:
+def _rounds(
+    scheduler: Scheduler,
+    loc: Localiser,
+    deadline: float,
+    notes: list[str],
+) -> None:
     while deadline - time.time() >= MIN_ROUND_S:
-        pairs = loc.next_round()
-        if not pairs:
+        try:
+            # Nodes a job took (or an admin drained) since the last round leave the sweep.
+            names = [n.name for n in loc.nodes]
+            taken = scheduler.taken(names) if loc.rounds else set()
+            pairs = loc.next_round([n for n in names if n not in taken])
+            if not pairs:
+                return
+            log.info("sweep: round %d, %d pair(s)", loc.rounds, len(pairs))
+            runs = scheduler.run_round(pairs, deadline)
+        except SchedulerError as exc:
+            log.warning("sweep: stopped after round %d: %s", loc.rounds, exc)
+            notes.append(f"stopped after round {loc.rounds}: {exc}")
             return
-        log.info("sweep: round %d, %d pair(s)", loc.rounds, len(pairs))
-        runs = scheduler.run_round(pairs, deadline)
         for pair in loc.record(runs):
             log.info(
                 "sweep: round %d %s: %s %s",

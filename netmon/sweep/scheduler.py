@@ -47,6 +47,10 @@ class Scheduler(Protocol):
     def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
         """The partition's idle nodes (of `nodelist`, where given)."""
 
+    def taken(self, nodes: Sequence[str]) -> set[str]:
+        """Of `nodes`, those no longer free for a pair: a job holds them, or they are drained,
+        down or not answering."""
+
     def other_sweeps(self) -> list[str]:
         """Jobs of a sweep other than this one still pending or running."""
 

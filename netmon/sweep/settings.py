@@ -21,6 +21,9 @@ class SweepConfig(BaseModel):
     daemon_port: int = Field(19464, ge=1, lt=65536)
     daemon_scheme: Literal["http", "https"] = "http"
     ca_file: Path | None = None  # https: the CA that signed the daemons' certificates
+    # Where the daemons' web-config asks for basic auth: the user, and a file with the password.
+    daemon_username: str | None = None
+    daemon_password_file: Path | None = None
     partition: str | None = None  # default for --partition
     qos: str | None = None  # a preemptible QOS, where preemption is by QOS
     account: str | None = None
@@ -41,7 +44,7 @@ class SweepConfig(BaseModel):
     rank_python: str | None = None
     # A pair's cohort line: under ratio x the cohort's level (the upper quartile of its class).
     cohort_ratio: float = Field(0.8, gt=0, le=1)
-    min_cohort: int = Field(3, ge=2)  # fewer pairs of a class than this: no cohort line
+    min_cohort: int = Field(2, ge=2)  # fewer pairs of a class than this: no cohort line
     pair_timeout: float = Field(300.0, gt=0)  # seconds one pair's job may take, queue included
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
     max_rounds: int = Field(3, ge=1, le=10)

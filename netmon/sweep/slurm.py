@@ -9,6 +9,7 @@ preempts it at once rather than sharing its cores. docs/SWEEPS.md has the setup.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -16,9 +17,11 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from netmon.sweep import srun_result
 from netmon.sweep.plan import PairPlan, SweepNode
@@ -30,13 +33,21 @@ log = logging.getLogger(__name__)
 # sinfo's compact states of a node a sweep may take: idle and responding (a suffix * is "not
 # responding", ~ "powered off", # "powering up", ! "pending power down", % "powering down").
 IDLE_STATES = frozenset({"idle"})
+FREE_STATES = frozenset({"idle", "comp", "plnd"})
 SLURM_TIMEOUT_S = 20.0  # one sinfo/squeue/scancel call
 TERM_GRACE_S = 5.0  # srun has this long after SIGTERM to cancel its job before SIGKILL
 # What a round keeps of the sweep's deadline for after its pairs: srun's grace, one squeue and
 # the scancel of what is left, so that the sweep ends by its deadline, controller or none.
 TAIL_S = TERM_GRACE_S + 2 * 3.0
+IMMEDIATE_S = 10  # srun --immediate: how long a pair's job may wait for its nodes
+MAX_OUTPUT = 1 << 20  # of srun's stdout or stderr read back
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 _ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
+
+
+def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)
 
 
 def gpus_of(gres: str) -> int:
@@ -62,12 +73,22 @@ def clean_env(environ: Mapping[str, str]) -> dict[str, str]:
 class _Launch:
     plan: PairPlan
     name: str
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[bytes]
+    # srun's output goes to files, not pipes: waiting on one pair never stalls another's.
+    output: IO[bytes]
+    errors: IO[bytes]
     submitted_at: float
     deadline: float
-    out: str = ""
-    err: str = ""
     timed_out: bool = False
+
+    def text(self) -> tuple[str, str]:
+        """What srun wrote: its stdout (the ranks' reports) and its stderr."""
+        texts = []
+        for file in (self.output, self.errors):
+            file.seek(0)
+            texts.append(file.read(MAX_OUTPUT).decode(errors="replace"))
+            file.close()
+        return texts[0], texts[1]
 
 
 @dataclass
@@ -125,6 +146,18 @@ class SlurmScheduler:
             self.backend = self.settings.backend
         return list(seen.values())
 
+    def taken(self, nodes: Sequence[str]) -> set[str]:
+        if not nodes:
+            return set()
+        argv = ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%t"]
+        found: dict[str, str] = {}
+        for line in self._run(argv, self._tail_timeout()).splitlines():
+            name, _, state = line.partition("|")
+            found[name.strip()] = state.strip()
+        # Idle, completing (a pair's job ending) or planned for a pending job (the pair then
+        # finds it busy): still a sweep's. Anything else, or gone from the list, is taken.
+        return {n for n in nodes if found.get(n) not in FREE_STATES}
+
     def other_sweeps(self) -> list[str]:
         pattern = _pair_jobs(self.settings.job_name)
         listed = self._run(["squeue", "-h", "-t", _ACTIVE, "-o", "%i|%j"])
@@ -141,8 +174,7 @@ class SlurmScheduler:
         launches = [
             self._launch(plan, index, deadline - TAIL_S) for index, plan in enumerate(pairs)
         ]
-        for launch in launches:
-            self._wait(launch)
+        self._wait_all(launches)
         states = self._states([launch.name for launch in launches])
         return [self._outcome(launch, states.get(launch.name)) for launch in launches]
 
@@ -153,16 +185,22 @@ class SlurmScheduler:
         argv = self._srun_argv(plan, name, pair_deadline)
         env = clean_env(self.environ) | self._rank_env(plan, pair_deadline)
         log.debug("sweep: %s", " ".join(argv))
-        process = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        return _Launch(plan, name, process, time.time(), pair_deadline)
+        # Closed by _Launch.text() once the pair has ended.
+        output, errors = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
+        try:
+            process = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=errors,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            output.close()
+            errors.close()
+            raise SchedulerError(f"cannot start srun: {exc.strerror or exc}") from None
+        return _Launch(plan, name, process, output, errors, time.time(), pair_deadline)
 
     def _srun_argv(self, plan: PairPlan, name: str, deadline: float) -> list[str]:
         minutes = max(1, math.ceil((deadline - time.time()) / 60))
@@ -176,7 +214,7 @@ class SlurmScheduler:
             "--exclusive",
             f"--time={minutes}",
             # A node taken between sinfo and this job: skip the pair (busy), never wait on it.
-            f"--immediate={max(1, min(30, int(deadline - time.time())))}",
+            f"--immediate={IMMEDIATE_S}",
             "--kill-on-bad-exit=1",
             "--quiet",
         ]
@@ -203,21 +241,23 @@ class SlurmScheduler:
             "NETMON_SWEEP_NODE_CONFIG": str(s.node_config),
         }
 
-    def _wait(self, launch: _Launch) -> None:
-        try:
-            launch.out, launch.err = launch.process.communicate(
-                timeout=max(0.1, launch.deadline - time.time())
-            )
-            return
-        except subprocess.TimeoutExpired:
-            launch.timed_out = True
-        # srun cancels its job on SIGTERM; SIGKILL only if it cannot (the controller is gone).
-        os.killpg(launch.process.pid, signal.SIGTERM)
-        try:
-            launch.out, launch.err = launch.process.communicate(timeout=TERM_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(launch.process.pid, signal.SIGKILL)
-            launch.out, launch.err = launch.process.communicate()
+    def _wait_all(self, launches: Sequence[_Launch]) -> None:
+        """Every srun to its end or its deadline; the overdue ones get SIGTERM together (srun
+        cancels its job on it), one grace between them, then SIGKILL (the controller is gone
+        and srun cannot cancel)."""
+        for launch in launches:
+            try:
+                launch.process.wait(timeout=max(0.0, launch.deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                launch.timed_out = True
+                _signal(launch.process, signal.SIGTERM)
+        grace = time.time() + TERM_GRACE_S
+        for launch in launches:
+            try:
+                launch.process.wait(timeout=max(0.0, grace - time.time()))
+            except subprocess.TimeoutExpired:
+                _signal(launch.process, signal.SIGKILL)
+                launch.process.wait()
 
     def _states(self, names: Sequence[str]) -> dict[str, tuple[str, str]]:
         """{job name: (job id, state)} of the submitted jobs the controller still knows."""
@@ -237,9 +277,10 @@ class SlurmScheduler:
 
     def _outcome(self, launch: _Launch, known: tuple[str, str] | None) -> PairRun:
         job, state = known if known is not None else (None, None)
-        found = srun_result.parse(launch.out, launch.plan.rails)
+        out, err = launch.text()
+        found = srun_result.parse(out, launch.plan.rails)
         outcome, detail = srun_result.classify(
-            launch.process.returncode, state, launch.err, found, launch.timed_out
+            launch.process.returncode, state, err, found, launch.timed_out
         )
         return PairRun(
             plan=launch.plan,
@@ -253,12 +294,17 @@ class SlurmScheduler:
         )
 
     def cleanup(self) -> None:
-        """Cancel what this sweep submitted; stop at the first failure (a controller that is
-        gone answers none): a job ends on its own anyway, its ranks at their deadline."""
+        """Cancel what this sweep submitted and is still queued or running, in one call (a job
+        ends on its own anyway: its ranks at their deadline, the job at its time limit)."""
         if not self.submitted:
             return
         try:
-            for name in self.submitted:
-                self._run(["scancel", "--quiet", f"--name={name}"], self._tail_timeout())
+            names = ",".join(self.submitted)
+            listed = self._run(
+                ["squeue", "-h", "-t", _ACTIVE, "-n", names, "-o", "%i"], self._tail_timeout()
+            )
+            jobs = [job.strip() for job in listed.splitlines() if job.strip()]
+            if jobs:
+                self._run(["scancel", "--quiet", *jobs], self._tail_timeout())
         except SchedulerError as exc:
             log.warning("sweep: cannot cancel the sweep's jobs: %s", exc)
