@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
 
-_SERVING = re.compile(r"listen\W+https?://127\.0\.0\.1:(\d+)/metrics")
+_SERVING = re.compile(r"listen\W+https?://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/metrics")
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -118,11 +118,15 @@ class DaemonProcess:
         config: dict[str, Any],
         name: str = "netmon",
         netns: str | None = None,
+        hostname: str | None = None,
     ) -> None:
-        # In a network namespace the daemon runs under `ip netns exec`, and so do the scrapes.
+        # In a network namespace the daemon runs under `ip netns exec`, and so do the scrapes;
+        # with `hostname`, in a UTS namespace of its own under that name (a Slurm node's).
         self.netns = netns
         self._fetcher: NetnsFetcher | None = None
         prefix = ["ip", "netns", "exec", netns] if netns else []
+        if hostname:
+            prefix += ["unshare", "--uts", "sh", "-c", f'hostname {hostname} && exec "$@"', "sh"]
         self.config_path = tmp_path / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = tmp_path / f"{name}.log"
