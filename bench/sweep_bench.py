@@ -91,7 +91,8 @@ def summary(sweeps: list[dict[str, Any]]) -> dict[str, Any]:
         "overhead_s_per_pair_max": round(max(overhead), 3),
         "ranks_s_per_pair_median": round(statistics.median(ranks), 3),
         "overhead_share_of_pair": round(
-            statistics.median(overhead) / statistics.median([*overhead, *ranks]), 3
+            statistics.median(overhead) / (statistics.median(overhead) + statistics.median(ranks)),
+            3,
         ),
         "busbw_median": statistics.median(busbw),
         "busbw_spread": round((max(busbw) - min(busbw)) / statistics.median(busbw), 3),
