@@ -7,12 +7,13 @@ noise); the planner, the judge and the localiser under test are the real ones.
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
-from netmon.sweep import srun_result
+from netmon.sweep import rank, srun_result
 from netmon.sweep.judge import Rules, cohort_line, history_key, judge_rail
 from netmon.sweep.localise import Localiser
 from netmon.sweep.plan import PairPlan, SweepNode, first_round, locate_round
@@ -244,3 +245,13 @@ def test_srun_outcomes() -> None:
     busy = "srun: error: Unable to allocate resources: Requested nodes are busy"
     assert srun_result.classify(1, None, busy, missing, False)[0] == "busy"
     assert srun_result.classify(1, "FAILED", "boom", missing, False)[0] == "error"
+
+
+def test_the_rank_takes_the_nodes_env_and_goes_on_without_a_usable_config(tmp_path: Path) -> None:
+    good = tmp_path / "node.yaml"
+    good.write_text("env:\n  GLOO_SOCKET_IFNAME: ib0\n")
+    assert rank._node_env(good) == {"GLOO_SOCKET_IFNAME": "ib0"}
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("env: [unclosed\n")
+    assert rank._node_env(broken) == {}
+    assert rank._node_env(tmp_path / "missing.yaml") == {}

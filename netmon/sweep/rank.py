@@ -39,8 +39,13 @@ def _node_env(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     from netmon.config import load_document
+    from netmon.errors import UsageError
 
-    env = load_document(path).get("env") or {}
+    try:
+        env = load_document(path).get("env") or {}
+    except UsageError as exc:  # unreadable by the sweep's user, or not YAML: say so, go on
+        print(f"netmon sweep rank: node config not used: {exc}", file=sys.stderr)
+        return {}
     return {str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else {}
 
 
