@@ -257,7 +257,7 @@ def _sweep_jobs_running(cluster: SlurmCluster) -> list[tuple[str, str]]:
 
 
 def test_a_user_job_preempts_a_pair_at_once_and_nothing_is_judged_of_it(clean: Sweeps) -> None:
-    long_pairs = clean.config("long", iters=150)  # about 20 s a pair: time to preempt one
+    long_pairs = clean.config("long", iters=100)  # about 15 s a pair: time to preempt one
     nodes = random.Random().sample(clean.cluster.node_names, 4)
     sweep = clean.cluster.popen(clean.argv(long_pairs, "--nodelist", ",".join(nodes)))
     wait_for(lambda: len(_sweep_jobs_running(clean.cluster)) == 2, 60, "pairs to run")
@@ -284,14 +284,14 @@ def _new_shm(sweeps: Sweeps) -> list[str]:
 
 
 def test_slurmctld_stopped_mid_sweep_ends_the_sweep_cleanly(clean: Sweeps) -> None:
-    config = clean.config("ctld", iters=60, deadline=30, pair_timeout=20)
+    config = clean.config("ctld", iters=20, deadline=24, pair_timeout=12)
     started = time.monotonic()
     sweep = clean.cluster.popen(clean.argv(config, "--nodelist", "n1,n2"))
     wait_for(lambda: _sweep_jobs_running(clean.cluster), 60, "pairs to run")
     clean.cluster.stop_slurmctld()
     out, err = sweep.communicate(timeout=120)
     took = time.monotonic() - started
-    assert took < 30 + 10, took  # its deadline, and the start of an interpreter
+    assert took < 24 + 10, took  # its deadline, and the start of an interpreter
     report = _report(out, err)
     assert sweep.returncode in (0, 3), (sweep.returncode, err[-2000:])
     if sweep.returncode == 3:
