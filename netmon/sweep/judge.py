@@ -62,21 +62,37 @@ def history_key(node: str, rail: int, size: int) -> BaselineKey:
     return ("sweep", "all_reduce", size, f"{node}/rail{rail}", 2)
 
 
+@dataclass(frozen=True)
+class Cohort:
+    """A class's round-1 values, summed up once per round: its level and its own spread."""
+
+    level: float
+    spread: float  # 0 for a class too small to tell its own
+
+    @classmethod
+    def of(cls, values: Sequence[float], rules: Rules) -> Cohort | None:
+        """None for a class too small to be a cohort."""
+        if len(values) < rules.min_cohort:
+            return None
+        level = percentile(sorted(values), COHORT_QUANTILE)
+        own = robust.spread(values) if len(values) >= MIN_COHORT_SPREAD else 0.0
+        return cls(level, own)
+
+    def line(self, rules: Rules, relative_spread: float = 0.0) -> float:
+        """`relative_spread`: the pair's own noise as history knows it (spread / expected): a
+        cohort of a few pairs cannot tell its own, and a line drawn without it pages on noise."""
+        spread = max(self.spread, relative_spread * self.level)
+        raw = robust.low_bound(self.level, spread, rules.cohort_ratio, rules.policy.spread_k)
+        line, _ = robust.floored(raw, self.level, rules.policy.floor_for(rules.size))
+        return line
+
+
 def cohort_line(
     values: Sequence[float], rules: Rules, relative_spread: float = 0.0
 ) -> tuple[float, float] | None:
-    """(level, line) of a class's values in this sweep; None for a class too small.
-
-    `relative_spread`: the pair's own noise as history knows it (spread / expected): a cohort
-    of a few pairs cannot tell its own, and a line drawn without it pages on noise."""
-    if len(values) < rules.min_cohort:
-        return None
-    level = percentile(sorted(values), COHORT_QUANTILE)
-    own = robust.spread(values) if len(values) >= MIN_COHORT_SPREAD else 0.0
-    spread = max(own, relative_spread * level)
-    raw = robust.low_bound(level, spread, rules.cohort_ratio, rules.policy.spread_k)
-    line, _ = robust.floored(raw, level, rules.policy.floor_for(rules.size))
-    return level, line
+    """(level, line) of a class's values in this sweep; None for a class too small."""
+    cohort = Cohort.of(values, rules)
+    return None if cohort is None else (cohort.level, cohort.line(rules, relative_spread))
 
 
 def history_lines(book: BaselineBook, nodes: Sequence[str], rail: int, size: int) -> Lines | None:
@@ -89,16 +105,17 @@ def history_lines(book: BaselineBook, nodes: Sequence[str], rail: int, size: int
 def judge_rail(
     rail: int,
     busbw: float,
-    cohort: Sequence[float],
+    cohort: Cohort | Sequence[float] | None,
     history: Lines | None,
     rules: Rules,
 ) -> RailVerdict:
     lines: dict[str, float] = {}
     expected: float | None = None
     noise = history.spread / history.expected if history and history.expected > 0 else 0.0
-    found = cohort_line(cohort, rules, noise)
-    if found is not None:
-        expected, lines["cohort"] = found
+    if cohort is not None and not isinstance(cohort, Cohort):
+        cohort = Cohort.of(cohort, rules)
+    if cohort is not None:
+        expected, lines["cohort"] = cohort.level, cohort.line(rules, noise)
     if history is not None:
         lines["history"] = history.low
         expected = history.expected

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
 from netmon.sweep import plan
-from netmon.sweep.judge import RailVerdict, Rules, history_key, history_lines, judge_rail, tier
+from netmon.sweep.judge import (
+    Cohort,
+    RailVerdict,
+    Rules,
+    history_key,
+    history_lines,
+    judge_rail,
+    tier,
+)
 from netmon.sweep.plan import Odd, PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun
 
@@ -69,7 +77,8 @@ class Localiser:
     _failed_with: dict[str, set[str]] = field(default_factory=dict)
     _path_checked: set[tuple[str, ...]] = field(default_factory=set)
     _rounds: int = 0
-    _current: Sequence[PairRun] = ()  # the round being recorded
+    _cohorts: dict[tuple[str, int], Cohort] = field(default_factory=dict)
+    _by_name: dict[str, SweepNode] = field(default_factory=dict)
 
     @property
     def rounds(self) -> int:
@@ -126,9 +135,8 @@ class Localiser:
     def record(self, runs: Sequence[PairRun]) -> list[JudgedPair]:
         """Judge one round's runs and update what is known of each node."""
         good_before = set(self.good)
-        self._current = runs
+        self._cohorts = self._round_cohorts([*(p.run for p in self.judged), *runs])
         judged = [self._judge(run) for run in runs]
-        self._current = ()
         self.judged.extend(judged)
         for pair in judged:
             self._learn_outcome(pair, good_before)
@@ -142,7 +150,7 @@ class Localiser:
             judge_rail(
                 rail,
                 busbw,
-                self._cohort(nodes, rail),
+                self._cohorts.get((self._class(nodes), rail)),
                 history_lines(self.history, nodes, rail, self.rules.size),
                 self.rules,
             )
@@ -150,25 +158,26 @@ class Localiser:
         )
         return JudgedPair(run, rails)
 
-    def _cohort(self, nodes: Sequence[str], rail: int) -> list[float]:
-        """The round-1 values of this class: the matching, not later rounds of failed ends."""
-        cls = self._class(nodes)
-        runs = [p.run for p in self.judged] + list(self._current)
-        return [
-            r.busbw[rail]
-            for r in runs
-            if r.outcome == "ok"
-            and r.plan.purpose == "match"
-            and rail < len(r.busbw)
-            and self._class(r.plan.nodes) == cls
-        ]
+    def _round_cohorts(self, runs: Sequence[PairRun]) -> dict[tuple[str, int], Cohort]:
+        """Each (class, rail)'s cohort: round 1's matching, not later rounds of failed ends."""
+        values: dict[tuple[str, int], list[float]] = {}
+        for run in runs:
+            if run.outcome != "ok" or run.plan.purpose != "match":
+                continue
+            cls = self._class(run.plan.nodes)
+            for rail, busbw in enumerate(run.busbw):
+                values.setdefault((cls, rail), []).append(busbw)
+        found = {key: Cohort.of(vals, self.rules) for key, vals in values.items()}
+        return {key: cohort for key, cohort in found.items() if cohort is not None}
 
     def _class(self, nodes: Sequence[str]) -> str:
         leaves = [self._node(n).leaf for n in nodes]
         return tier(leaves)
 
     def _node(self, name: str) -> SweepNode:
-        return next(n for n in self.nodes if n.name == name)
+        if len(self._by_name) != len(self.nodes):
+            self._by_name = {n.name: n for n in self.nodes}
+        return self._by_name[name]
 
     def _learn_outcome(self, pair: JudgedPair, good_before: set[str]) -> None:
         nodes = pair.run.plan.nodes
