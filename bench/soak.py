@@ -1,7 +1,7 @@
 """Soak: the daemon with one-second probe intervals, watched every few seconds for growth.
 
     python bench/soak.py                   # 10 minutes, a sample every 10 s (docs/RELIABILITY.md)
-    python bench/soak.py --minutes 1 --every 5    # the short variant CI runs
+    python bench/soak.py --minutes 0.75 --every 3 # the short variant CI runs
 
 Prints one JSON document: the samples (daemon RSS, open file descriptors, threads, live child
 processes, /dev/shm entries, and the TCP sockets the daemon and its children listen on) and a

@@ -355,7 +355,7 @@ def _zygote_of(daemon: DaemonProcess) -> int | None:
 def test_the_daemon_survives_its_zygote_and_counts_it(
     daemons: list[DaemonProcess], tmp_path: Path
 ) -> None:
-    long = {"name": "long", "sizes": ["16M"], "interval": "3s", "iters": 150, "warmup": 1}
+    long = {"name": "long", "sizes": ["16M"], "interval": "3s", "iters": 100, "warmup": 1}
     daemon = DaemonProcess(tmp_path, fast_config(tmp_path, probes=[long]))
     daemons.append(daemon)
     wait_until(lambda: daemon.value("netmon_rank_starts_total", method="fork") == 2, 90, "forks")
