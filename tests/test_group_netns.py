@@ -1,13 +1,12 @@
 """A degraded inter-node link caught for real: two daemons in two network namespaces.
 
 The namespaces are joined by one veth pair shaped with `tc ... tbf` (netem does not exist on
-this kernel). At a healthy rate (400 Mbit/s) the group round's baseline is learned; with the
-rate cut to a quarter, `netmon_degraded` must turn 1 and the baseline ratio fall under 0.5
-within three rounds, and clear within ten once restored (the recent level must be back too);
-cut to 60 % (240 Mbit/s), under the default policy, it must turn within five rounds and clear
-within ten. Cut to 70 % and held for 60 rounds (issue 23), it must turn within ten conclusive
-results, stay 1 with its reason at every result of the hold, and clear within ten once
-restored. bench/cut_depth.py uses `measure_cut` for its table of cut depths.
+this kernel). At a healthy rate (400 Mbit/s) the group round's baseline is learned; cut to 70 %
+and held for 60 rounds (issue 23), `netmon_degraded` must turn 1 within ten conclusive results,
+stay 1 with its reason at every result of the hold, and clear within ten once restored.
+bench/cut_depth.py uses `measure_cut` for its table of cut depths (a quarter, 60 %, ...: how
+many rounds each takes to turn and to clear); the tests of a quartered and a 60 % cut that ran
+here until issue 25 live on as its rows, for CI's 30-minute budget.
 """
 
 from __future__ import annotations
@@ -73,8 +72,6 @@ def config(
     }
 
 
-# 2 of the last 3 rounds low: the verdict can turn within three rounds.
-FAST = {"min_samples": 3, "window": 5, "ratio": 0.8, "trigger": 2, "of": 3}
 
 
 @dataclass
@@ -163,31 +160,6 @@ def _rounds_until(leader: DaemonProcess, degraded: float, limit: int) -> int | N
                 return None
         time.sleep(0.25)
     raise AssertionError(f"fewer than {limit} rounds in {60 * limit} s")
-
-
-def test_a_quartered_link_turns_degraded_within_three_rounds_and_clears(
-    link: Link, tmp_path: Path
-) -> None:
-    # Clearing needs the recent level back as well (the median of the last five results here,
-    # FAST's window): three results at the restored rate, a fourth when the repair lands in the
-    # middle of a round, more when the machine's other work leaves results unjudged.
-    result = measure_cut(link, tmp_path, "100mbit", limit=3, policy=FAST, clear_limit=10)
-    assert result.to_verdict is not None, "not degraded within 3 rounds"
-    assert result.ratio_at_verdict is not None and result.ratio_at_verdict < 0.5
-    assert result.to_clear is not None, "not cleared within 10 rounds"
-
-
-def test_a_link_cut_to_60_percent_degrades_within_five_rounds_and_clears_within_ten(
-    link: Link, tmp_path: Path
-) -> None:
-    # The default policy (3 of the last 5 low, settling, the spread margin): a lane or a NIC
-    # speed lost falls to 50-75 %, not to a quarter. Clearing needs 3 of the last 5 healthy and
-    # the recent level (the median of the last 9) back: up to 5 results after a 5-result cut,
-    # more when the machine's other work leaves results unjudged.
-    result = measure_cut(link, tmp_path, "240mbit", limit=5, clear_limit=10)
-    assert result.to_verdict is not None, "not degraded within 5 rounds"
-    assert result.ratio_at_verdict is not None and result.ratio_at_verdict < 0.8
-    assert result.to_clear is not None, "not cleared within 10 rounds"
 
 
 @dataclass(frozen=True)
