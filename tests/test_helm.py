@@ -16,6 +16,8 @@ import pytest
 import yaml
 
 from netmon.config import parse_config
+from netmon.sweep.kubernetes import PERMISSIONS
+from tests import crd_schema
 from tests.test_deploy import (
     DEPLOY,
     KUBERNETES,
@@ -33,6 +35,14 @@ EVERYTHING = {
     "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kps"}},
     "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kps"}},
     "dashboard": {"enabled": True},
+}
+# Sweeps on, with every optional object of theirs.
+SWEEP: dict[str, Any] = {
+    "sweep": {
+        "enabled": True,
+        "kueue": {"createLocalQueue": True, "createPriorityClass": True},
+        "podPriorityClass": {"name": "netmon-sweep-pods", "create": True},
+    }
 }
 
 
@@ -77,7 +87,9 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    "values", [{}, EVERYTHING, rdma_values()], ids=["defaults", "everything", "rdma"]
+    "values",
+    [{}, EVERYTHING, rdma_values(), SWEEP],
+    ids=["defaults", "everything", "rdma", "sweep"],
 )
 def test_the_chart_lints_strictly(values: dict[str, Any]) -> None:
     report = helm.lint(CHART, values, strict=True, namespace="netmon")
@@ -105,17 +117,21 @@ def test_the_defaults_leave_out_what_needs_the_prometheus_operator_or_grafana() 
 
 
 @pytest.mark.parametrize(
-    "values", [{}, EVERYTHING, rdma_values()], ids=["defaults", "everything", "rdma"]
+    "values",
+    [{}, EVERYTHING, rdma_values(), SWEEP],
+    ids=["defaults", "everything", "rdma", "sweep"],
 )
 def test_every_rendered_object_validates_against_the_api_schemas(
     values: dict[str, Any], tmp_path: Path
 ) -> None:
     validate = tool("kubernetes-validate", "pip install -e '.[dev]' (kubernetes-validate)")
-    # As in tests/test_deploy.py: built-in API groups (no dot) against the schemas; the
-    # Prometheus Operator's CRDs have none there.
+    # As in tests/test_deploy.py: built-in API groups (no dot, or *.k8s.io) against the
+    # schemas; the Prometheus Operator's and Kueue's CRDs have none there (Kueue's objects are
+    # checked against its CRDs below).
     files = []
     for index, document in enumerate(render(values)):
-        if "." not in document["apiVersion"].split("/")[0]:
+        group = document["apiVersion"].split("/")[0]
+        if "." not in group or group.endswith(".k8s.io"):
             files.append(tmp_path / f"{index}-{document['kind'].lower()}.yaml")
             files[-1].write_text(yaml.safe_dump(document))
     output = run(validate, "--strict", *map(str, files))
@@ -272,3 +288,130 @@ def test_the_image_tag_defaults_to_the_app_version() -> None:
     assert images == {f"netmon:{app_version}"}
     pod = one(render({"image": {"repository": "r.example/netmon", "tag": "9"}}), "DaemonSet")
     assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == "r.example/netmon:9"
+
+
+def _sweep_config(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    document = yaml.safe_load(one(objects, "ConfigMap", "netmon-sweep")["data"]["netmon.yaml"])
+    assert isinstance(document, dict)
+    return document
+
+
+def test_the_sweep_cronjob_runs_one_sweep_at_a_time_on_kubernetes() -> None:
+    objects = render(SWEEP)
+    cron = one(objects, "CronJob", "netmon-sweep")["spec"]
+    assert cron["concurrencyPolicy"] == "Forbid" and cron["startingDeadlineSeconds"] == 600
+    assert cron["schedule"] == "17 * * * *"
+    pod = cron["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:4] == ["sweep", "--scheduler", "kubernetes", "--json"]
+    assert pod["serviceAccountName"] == "netmon-sweep" and pod["restartPolicy"] == "Never"
+    document = _sweep_config(objects)
+    config = parse_config(document, "the sweep's ConfigMap").sweep
+    assert config is not None and config.scheduler == "kubernetes"
+    kube = config.kubernetes
+    daemon_pod = one(objects, "DaemonSet")["spec"]["template"]
+    assert kube.namespace == "netmon" and kube.image == container["image"]
+    assert kube.image == daemon_pod["spec"]["containers"][0]["image"]
+    assert kube.config_map == one(objects, "ConfigMap")["metadata"]["name"]
+    # Reports go to the daemons' pods, never to the sweep's own.
+    assert kube.daemon_labels.items() <= daemon_pod["metadata"]["labels"].items()
+    sweep_labels = cron["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert not kube.daemon_labels.items() <= sweep_labels.items()
+    # The sweep and every daemon read the same Secret at the path their configs name.
+    secret = Path(str(config.secret_file))
+    for spec, config_file in [(pod, document), (daemon_pod["spec"], netmon_yaml(objects))]:
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = [m for c in spec["containers"] for m in c["volumeMounts"]]
+        (mount,) = [m for m in mounts if m["mountPath"] == str(secret.parent)]
+        assert volumes[mount["name"]]["secret"]["secretName"] == "netmon-sweep"
+        assert config_file["sweep"]["secret_file"] == str(secret)
+    settings = {"sweep": {**SWEEP["sweep"], "settings": {"pair_timeout": "2m", "rails": 4}}}
+    overridden = parse_config(_sweep_config(render(settings))).sweep
+    assert overridden is not None and overridden.pair_timeout == 120 and overridden.rails == 4
+    # The sweep's own pod, which must make no node busy, known by the downward API.
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"][1:]}
+    assert env == {
+        "NETMON_SWEEP_POD_NAME": "metadata.name",
+        "NETMON_SWEEP_POD_NAMESPACE": "metadata.namespace",
+        "NETMON_SWEEP_POD_UID": "metadata.uid",
+    }
+    assert kube.image_pull_secrets == () and kube.rdma_resource is None and not kube.ipc_lock
+
+
+def test_the_pairs_pods_get_the_charts_pull_secrets_and_rdma_settings() -> None:
+    values = copy.deepcopy(SWEEP)
+    values["imagePullSecrets"] = [{"name": "regcred"}, {"name": "mirror"}]
+    values["sweep"] |= {"rdmaResource": "rdma/ib", "ipcLock": True, "hostNetwork": True}
+    objects = render(values)
+    config = parse_config(_sweep_config(objects)).sweep
+    assert config is not None
+    kube = config.kubernetes
+    assert kube.image_pull_secrets == ("regcred", "mirror")
+    assert kube.rdma_resource == "rdma/ib" and kube.ipc_lock and kube.host_network
+    cron = one(objects, "CronJob", "netmon-sweep")["spec"]["jobTemplate"]["spec"]["template"]
+    assert cron["spec"]["imagePullSecrets"] == values["imagePullSecrets"]
+    report = helm.lint(CHART, values, strict=True, namespace="netmon")
+    assert report["errors"] == [], report
+    for key, bad in (("rdmaResource", "no slash"), ("ipcLock", "yes")):
+        with pytest.raises(helm.HelmValuesError, match=f"/sweep/{key}"):
+            render({"sweep": {**SWEEP["sweep"], key: bad}})
+
+
+@pytest.mark.parametrize(
+    ("deadline", "active", "renders"),
+    [(None, 1800, False), (None, 1801, True), ("40m", 2400, False), ("39m", 2400, True)],
+)
+def test_the_jobs_deadline_must_leave_the_sweep_its_own(
+    deadline: str | None, active: int, renders: bool
+) -> None:
+    """The Job's activeDeadlineSeconds kills the sweep: it must come after the sweep's own
+    deadline (sweep.settings.deadline, netmon's default 30 min), which ends its rounds."""
+    sweep: dict[str, Any] = {**SWEEP["sweep"], "activeDeadlineSeconds": active}
+    if deadline is not None:
+        sweep["settings"] = {"deadline": deadline}
+    if renders:
+        cron = one(render({"sweep": sweep}), "CronJob", "netmon-sweep")
+        assert cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] == active
+        return
+    with pytest.raises(
+        helm.HelmRenderError, match=r"sweep\.activeDeadlineSeconds \(\d+\) must be more than"
+    ):
+        render({"sweep": sweep})
+
+
+def test_the_sweep_may_do_what_its_scheduler_asks_and_no_more() -> None:
+    """The Role and ClusterRole grant exactly what the sweep asks for (PERMISSIONS, which
+    tests/test_sweep_kube.py holds to the calls a sweep makes, against an API server that
+    refuses any other): a verb more is a reviewer's question, a verb less a 403 in a sweep."""
+    objects = render(SWEEP)
+
+    def rules(kind: str, scope: str) -> set[tuple[str, str, str, str]]:
+        return {
+            (group, resource, verb, scope)
+            for rule in one(objects, kind, "netmon-sweep")["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    granted = rules("Role", "namespace") | rules("ClusterRole", "cluster")
+    assert granted == PERMISSIONS
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        (subject,) = one(objects, kind, "netmon-sweep")["subjects"]
+        assert subject == {"kind": "ServiceAccount", "name": "netmon-sweep", "namespace": "netmon"}
+
+
+@pytest.mark.parametrize("version", ["kueue.x-k8s.io/v1beta1", "kueue.x-k8s.io/v1beta2"])
+def test_the_kueue_objects_validate_against_kueue_crds(version: str) -> None:
+    values = copy.deepcopy(SWEEP)
+    values["sweep"]["kueue"]["apiVersion"] = version
+    kueue = [o for o in render(values) if o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    assert sorted(o["kind"] for o in kueue) == ["LocalQueue", "WorkloadPriorityClass"]
+    for document in kueue:
+        assert document["apiVersion"] == version and crd_schema.errors(document) == []
+    (priority,) = [o for o in kueue if o["kind"] == "WorkloadPriorityClass"]
+    assert priority["value"] == -1000000 and isinstance(priority["value"], int)
+    bad = {**priority, "value": "lowest"}
+    assert crd_schema.errors(bad)
+    (queue,) = [o for o in kueue if o["kind"] == "LocalQueue"]
+    assert crd_schema.errors({**queue, "spec": {**queue["spec"], "clusterQueues": "x"}})

@@ -1,4 +1,5 @@
-"""`netmon sweep`: one sweep of a partition's idle nodes through Slurm (docs/SWEEPS.md).
+"""`netmon sweep`: one sweep of a cluster's idle nodes through Slurm, or on Kubernetes as JobSets
+that Kueue admits (docs/SWEEPS.md).
 
 Exit codes: 0 no suspect; 1 suspects named; 2 a usage or configuration error; 3 the sweep could
 not run (the controller unreachable, too few idle nodes, another sweep running, no pair
@@ -24,14 +25,27 @@ EXIT_NO_SWEEP = EXIT_PROBE_FAILED  # 3
 def add_parser(commands: Any) -> None:
     sweep = commands.add_parser(
         "sweep",
-        help="sweep a cluster's idle nodes in pairs through Slurm; name the bad end",
-        description="Measure node pairs from a partition's idle nodes, each pair its own "
-        "preemptible Slurm job: round 1 a random matching, later rounds pair each end of a "
-        "failed pair with a node that passed. Exit 0: no suspect; 1: suspects; 3: could not run.",
+        help="sweep a cluster's idle nodes in pairs (Slurm or Kubernetes); name the bad end",
+        description="Measure node pairs from a cluster's idle nodes, each pair a preemptible "
+        "Slurm job (or, on Kubernetes, a round a JobSet that Kueue admits at the lowest "
+        "priority): round 1 a random matching, later rounds pair each end of a failed pair with "
+        "a node that passed. Exit 0: no suspect; 1: suspects; 3: could not run.",
     )
-    sweep.add_argument("--partition", help="the preemptible partition the pairs run in")
     sweep.add_argument(
-        "--nodelist", help="only these nodes, in Slurm's hostlist syntax (default: all idle)"
+        "--scheduler",
+        choices=("slurm", "kubernetes"),
+        help="where the pairs run: Slurm jobs, or Kubernetes JobSets admitted by Kueue "
+        "(default: sweep.scheduler, else slurm)",
+    )
+    sweep.add_argument(
+        "--partition",
+        help="Slurm: the preemptible partition the pairs run in (not taken with kubernetes: "
+        "the nodes are sweep.kubernetes.node_selector's)",
+    )
+    sweep.add_argument(
+        "--nodelist",
+        help="only these nodes: Slurm's hostlist syntax; on Kubernetes node names separated "
+        "by commas (default: all idle)",
     )
     sweep.add_argument("--json", action="store_true", help="print the whole report as JSON")
     sweep.add_argument(
@@ -72,15 +86,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from netmon.sweep.runner import CouldNotRun, new_sweep_id
 
     config, settings, directory = _settings(args)
-    partition = args.partition or settings.partition
-    if not partition:
-        raise UsageError("--partition: name the preemptible partition (or set sweep.partition)")
+    sweep_id = new_sweep_id()
+    scheduler, partition = _scheduler(args, settings, sweep_id)
     secret = _secret(settings)
     auth = _basic_auth(settings)
-    sweep_id = new_sweep_id()
     try:
         with history.exclusive(directory):
-            whole = _sweep(args, config, settings, directory, sweep_id, partition, secret, auth)
+            whole = _sweep(args, config, settings, directory, scheduler, partition, secret, auth)
     except CouldNotRun as exc:
         return _could_not_run(args, sweep_id, str(exc), exc.partial)
     except history.Busy as exc:
@@ -89,22 +101,43 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_GATE if whole["suspects"] else EXIT_OK
 
 
+def _scheduler(args: argparse.Namespace, settings: Any, sweep_id: str) -> tuple[Any, str]:
+    """The scheduler the pairs run on, and what the report calls the nodes' partition: Slurm's,
+    or on Kubernetes the node selector."""
+    if (args.scheduler or settings.scheduler) == "kubernetes":
+        from netmon.sweep.kube_state import label_selector
+        from netmon.sweep.kubernetes import KubernetesScheduler
+
+        if args.partition:
+            raise UsageError(
+                "--partition: Slurm's; on Kubernetes the nodes are sweep.kubernetes.node_selector's"
+            )
+        chosen = label_selector(settings.kubernetes.node_selector) or "all nodes"
+        KubernetesScheduler.exit_on_sigterm()  # a CronJob's deadline: clean up, then go
+        return KubernetesScheduler.connect(settings, sweep_id), chosen
+    from netmon.sweep.slurm import SlurmScheduler
+
+    partition = args.partition or settings.partition
+    if not partition:
+        raise UsageError("--partition: name the preemptible partition (or set sweep.partition)")
+    return SlurmScheduler(settings, sweep_id, partition), partition
+
+
 def _sweep(
     args: argparse.Namespace,
     config: Any,
     settings: Any,
     directory: Path,
-    sweep_id: str,
+    scheduler: Any,
     partition: str,
     secret: bytes | None,
     auth: tuple[str, str] | None,
 ) -> dict[str, Any]:
     from netmon.sweep import deliver, history, report
     from netmon.sweep.runner import run_sweep
-    from netmon.sweep.slurm import SlurmScheduler
 
+    sweep_id = scheduler.sweep
     book = history.load(directory, config.baseline)
-    scheduler = SlurmScheduler(settings, sweep_id, partition)
     rng = random.Random(args.seed)
     outcome = run_sweep(
         scheduler,
@@ -173,9 +206,17 @@ def _print(args: argparse.Namespace, whole: dict[str, Any]) -> None:
             f"{pair['round']:>5}  {label:<40} {pair['outcome']:<10} {busbw:>10}  {pair['detail']}"
         )
     for suspect in whole["suspects"]:
-        where = f" (the path to {suspect['peer']})" if "peer" in suspect else ""
-        print(f"SUSPECT {suspect['node']}{where}, rails {suspect['rails']}")
+        print(f"SUSPECT {_suspect_text(suspect)}, rails {suspect['rails']}")
+    for link in whole.get("undecided_uplinks", []):
+        print(f"undecided uplink: {link}")
     for note in whole.get("notes", []):
         print(f"note: {note}")
     if not whole["suspects"]:
         print("no suspect")
+
+
+def _suspect_text(suspect: dict[str, Any]) -> str:
+    if suspect.get("kind") == "uplink":
+        return f"uplink {suspect['uplink']}"
+    where = f" (the path to {suspect['peer']})" if "peer" in suspect else ""
+    return f"{suspect['node']}{where}"

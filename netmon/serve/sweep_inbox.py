@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from netmon.baseline import state
@@ -26,11 +27,15 @@ STATE_FILE = "sweep.json"
 MAX_STATE_BYTES = 1 << 20  # one report (at most 64 KiB) and a count; a larger file is not ours
 
 
-def node_names(hostname: str | None = None) -> tuple[str, ...]:
+def node_names(
+    hostname: str | None = None, environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
     """The names this node's reports may carry: Slurm names a node by its short host name as a
-    rule, so that one, and the full one where it differs."""
+    rule, so that one, and the full one where it differs; in a pod (whose host name is the
+    pod's), the node's name too, which the chart passes in NODE_NAME (spec.nodeName)."""
     full = hostname if hostname is not None else socket.gethostname()
-    return tuple(dict.fromkeys((full.split(".")[0], full)))
+    node = (os.environ if environ is None else environ).get("NODE_NAME", "").strip()
+    return tuple(dict.fromkeys(n for n in (full.split(".")[0], full, node) if n))
 
 
 def secret_path(config: NetmonConfig) -> Path | None:

@@ -9,8 +9,13 @@ node's own: its netmon config's `env` (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) i
 The sweep passes, in the environment: NETMON_SWEEP_NODES (name=address of each node, rank
 order), NETMON_SWEEP_PORT (rail k's store listens on port + k on the first node), and the
 measurement's size, warmup, iters and deadline. The task on the first node of each rail prints
-one line, `NETMON-SWEEP {json}`. A watchdog ends the task at its deadline, so nothing outlives
-the pair, whatever the scheduler manages to do.
+one line, `NETMON-SWEEP {json}`, naming the node it ran on. A watchdog ends the task at its
+deadline, so nothing outlives the pair, whatever the scheduler manages to do.
+
+On Kubernetes a pod per node starts the rails' tasks (netmon.sweep.pod_ranks) and the scheduler
+picks which node is which pod: the node is NETMON_SWEEP_NODE, the rail NETMON_SWEEP_RAIL, the
+rank the pod's index (NETMON_SWEEP_RANK) and the rendezvous pod 0's DNS name
+(NETMON_SWEEP_MASTER).
 """
 
 from __future__ import annotations
@@ -74,6 +79,15 @@ def _nvml_index(rail: int, environ: Mapping[str, str]) -> int:
     return rail
 
 
+def _rendezvous(
+    environ: Mapping[str, str], nodes: list[tuple[str, str]], me: str
+) -> tuple[int, str]:
+    """(this task's rank, rank 0's address)."""
+    if environ.get("NETMON_SWEEP_MASTER"):
+        return int(environ.get("NETMON_SWEEP_RANK", "0")), environ["NETMON_SWEEP_MASTER"]
+    return [name for name, _ in nodes].index(me), nodes[0][1]
+
+
 def measure(
     dist: Any, torch: Any, device: Any, size: int, warmup: int, iters: int
 ) -> tuple[float, list[float]]:
@@ -100,12 +114,12 @@ def main() -> int:
     deadline = float(environ["NETMON_SWEEP_DEADLINE"])
     _watchdog(deadline)
     nodes = _nodes(environ["NETMON_SWEEP_NODES"])
-    me = environ.get("SLURMD_NODENAME") or os.uname().nodename
+    me = environ.get("NETMON_SWEEP_NODE") or environ.get("SLURMD_NODENAME") or os.uname().nodename
     names = [name for name, _ in nodes]
     if me not in names:
         print(f"netmon sweep rank: node {me} is not in this pair ({names})", file=sys.stderr)
         return 2
-    rail = int(environ.get("SLURM_LOCALID", "0"))
+    rail = int(environ.get("NETMON_SWEEP_RAIL") or environ.get("SLURM_LOCALID", "0"))
     os.environ.update(_node_env(Path(environ.get("NETMON_SWEEP_NODE_CONFIG", "/nonexistent"))))
     gpus = environ.get("NETMON_SWEEP_BACKEND") == "nccl"
     if gpus and _gpu_busy(_nvml_index(rail, environ)):
@@ -121,8 +135,7 @@ def main() -> int:
     device = torch.device("cuda", rail) if gpus else torch.device("cpu")
     if gpus:
         torch.cuda.set_device(device)
-    rank = names.index(me)
-    master = nodes[0][1]
+    rank, master = _rendezvous(environ, nodes, me)
     if ":" in master:
         master = f"[{master}]"  # an IPv6 NodeAddr
     port = int(environ["NETMON_SWEEP_PORT"]) + rail
@@ -145,7 +158,7 @@ def main() -> int:
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        line = {"rail": rail, "busbw": value, "times": times, "started_at": STARTED_AT}
+        line = {"rail": rail, "busbw": value, "times": times, "started_at": STARTED_AT, "node": me}
         print(PREFIX + json.dumps(line), flush=True)
     return 0
 

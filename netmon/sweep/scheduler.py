@@ -60,3 +60,7 @@ class Scheduler(Protocol):
 
     def cleanup(self) -> None:
         """Cancel every job this sweep submitted that may still be known to the scheduler."""
+
+    def topology(self) -> str | None:
+        """The scheduler's own record of the fabric, in topology.conf's syntax (Slurm's
+        `scontrol show topology`); None where it keeps none."""

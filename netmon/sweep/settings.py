@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from netmon.bandwidth import parse_duration, parse_rate, parse_size
+from netmon.sweep.kube_settings import KubernetesSweep
 
 
 class SweepConfig(BaseModel):
@@ -24,6 +25,9 @@ class SweepConfig(BaseModel):
     # Where the daemons' web-config asks for basic auth: the user, and a file with the password.
     daemon_username: str | None = None
     daemon_password_file: Path | None = None
+    # Where the pairs run: Slurm jobs, or JobSets on Kubernetes admitted by Kueue (`kubernetes`).
+    scheduler: Literal["slurm", "kubernetes"] = "slurm"
+    kubernetes: KubernetesSweep = Field(default_factory=KubernetesSweep)
     partition: str | None = None  # default for --partition
     qos: str | None = None  # a preemptible QOS, where preemption is by QOS
     account: str | None = None
@@ -47,7 +51,15 @@ class SweepConfig(BaseModel):
     min_cohort: int = Field(2, ge=2)  # fewer pairs of a class than this: no cohort line
     pair_timeout: float = Field(300.0, gt=0)  # seconds one pair's job may take, queue included
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
+    # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
+    # topology/tree plugin's switches, `scontrol show topology`), or a path to a topology.conf
+    # or a fabric file (docs/SWEEPS.md, "Uplinks"); unset: nodes only.
+    fabric: str | None = None
+    routing: Literal["table", "ecmp"] = "table"  # how leaves pick an uplink (netmon.sweep.fabric)
     max_rounds: int = Field(3, ge=1, le=10)
+    # A pair that can name a node, a path or an uplink runs this many times `iters`: one slow
+    # stretch of a measurement then does not name a healthy node (docs/SWEEPS.md).
+    confirm_repeats: int = Field(3, ge=1, le=10)
     # An odd node out joins a pair of three ("trio") or waits for the next sweep ("wait").
     odd: Literal["trio", "wait"] = "trio"
     job_name: str = Field("netmon-sweep", pattern=r"^[A-Za-z0-9_.-]{1,40}$")
