@@ -69,7 +69,7 @@ def one_sweep(cluster: SlurmCluster, config: Path, seed: int) -> dict[str, Any]:
         "wall_s": round(wall, 2),
         "rounds": report["rounds"],
         "pairs": len(pairs),
-        "suspects": [s["node"] for s in report["suspects"]],
+        "suspects": [s.get("node") or s.get("uplink") for s in report["suspects"]],
         "overhead_s": overheads,
         "ranks_s": ranks,
         "busbw": [p["busbw"] for p in pairs],

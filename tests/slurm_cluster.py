@@ -70,8 +70,11 @@ class SlurmCluster:
         net: int = 236,
         settings: Mapping[str, str] | None = None,
         up_timeout: float = 30.0,
+        topology: str | None = None,
     ) -> None:
-        """`settings` override or add slurm.conf keys (e.g. {"SlurmdTimeout": "3"})."""
+        """`settings` override or add slurm.conf keys (e.g. {"SlurmdTimeout": "3"});
+        `topology`: a topology.conf, with the topology/tree plugin to read it."""
+        self.topology = topology
         self.node_names = [f"n{i}" for i in range(1, nodes + 1)]
         self.net = net
         self.settings = dict(settings or {})
@@ -418,10 +421,15 @@ class SlurmCluster:
         # Without it slurmd fails: "No filesystem mounted on /sys/fs/cgroup" (`ip netns exec`
         # mounts a fresh /sys, without the host's cgroup mounts); cgroup/v1 starts regardless.
         (self.dir / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n")
+        if self.topology is not None:
+            # slurmctld reads topology.conf beside slurm.conf (topology.conf(5)).
+            (self.dir / "topology.conf").write_text(self.topology)
         self.conf.write_text(self._slurm_conf())
 
     def _slurm_conf(self) -> str:
         settings = {**self._settings(), **self.settings}
+        if self.topology is not None:
+            settings.setdefault("TopologyPlugin", "topology/tree")
         hardware = _hardware(self.env())
         nodes = ",".join(self.node_names)
         lines = [f"{key}={value}" for key, value in settings.items()]

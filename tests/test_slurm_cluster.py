@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from netmon.sweep.fabric_file import parse_topology
+from netmon.sweep.settings import SweepConfig
+from netmon.sweep.slurm import SlurmScheduler
 from tests.conftest import wait_for
 from tests.netns import require_root
 from tests.slurm_cluster import SLURM_PATH, SlurmCluster, process_alive
@@ -26,10 +29,23 @@ def _require_slurm() -> None:
         pytest.fail(f"{missing} not installed: run scripts/test-deps")
 
 
+# Two leaves under one spine, in topology.conf's syntax (topology.conf(5)).
+TOPOLOGY = (
+    "\n".join(
+        [
+            "SwitchName=leaf1 Nodes=n[1-2]",
+            "SwitchName=leaf2 Nodes=n3",
+            "SwitchName=spine Switches=leaf[1-2]",
+        ]
+    )
+    + "\n"
+)
+
+
 @pytest.fixture(scope="module")
 def shared_cluster() -> Iterator[SlurmCluster]:
     _require_slurm()
-    with SlurmCluster(nodes=3) as cluster:
+    with SlurmCluster(nodes=3, topology=TOPOLOGY) as cluster:
         yield cluster
 
 
@@ -141,3 +157,23 @@ def test_failed_start_tears_down(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cluster.slurmctld is not None and cluster.munged is not None
     pids = {cluster.slurmctld.pid, cluster.munged.pid, cluster.slurmd["n1"].pid}
     assert _leftovers(cluster, pids) == ([], [], False)
+
+
+def test_the_sweep_reads_the_fabric_from_slurm(cluster: SlurmCluster) -> None:
+    """The scheduler's fabric (`scontrol show topology`, or, as with this Slurm 22.05 whose
+    scontrol answers "Insane message length", the topology.conf beside slurm.conf) parses into
+    the fabric the planner uses: n1 and n2 under one leaf, n3 under the other, one spine."""
+    scheduler = SlurmScheduler(SweepConfig(), "t", "sweep", environ=cluster.env())
+    text = scheduler.topology()
+    assert text is not None, "scontrol show topology printed no switches"
+    fabric = parse_topology(text, rails=2)
+    assert fabric.leaf("n1", 0) == fabric.leaf("n2", 0) == "leaf1/rail0"
+    assert fabric.leaf("n3", 1) == "leaf2/rail1"
+    assert fabric.spines["leaf1/rail1"] == ("spine/rail1",)
+    assert not fabric.crosses(("n1", "n2"), 0) and fabric.crosses(("n1", "n3"), 1)
+    assert fabric.links(("n1", "n3"), 0) == {
+        "n1/rail0",
+        "n3/rail0",
+        "leaf1/rail0~spine/rail0",
+        "leaf2/rail0~spine/rail0",
+    }

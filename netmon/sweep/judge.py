@@ -87,6 +87,25 @@ class Cohort:
         return line
 
 
+def class_cohorts(
+    values: Mapping[tuple[str, int], Sequence[float]], rules: Rules
+) -> dict[tuple[str, int], Cohort]:
+    """Each (class, rail)'s cohort, its spread at least its class's usual relative spread over
+    all rails: every rail of a class is measured the same way at the same time, and one rail's
+    MAD of a few dozen values can come out at half the noise, drawing a line that pages on it."""
+    found = {key: Cohort.of(vals, rules) for key, vals in values.items()}
+    cohorts = {key: c for key, c in found.items() if c is not None}
+    relative: dict[str, list[float]] = {}
+    for (cls, _), cohort in cohorts.items():
+        if cohort.spread > 0 and cohort.level > 0:
+            relative.setdefault(cls, []).append(cohort.spread / cohort.level)
+    pooled = {cls: robust.median(spreads) for cls, spreads in relative.items()}
+    return {
+        key: Cohort(c.level, max(c.spread, pooled.get(key[0], 0.0) * c.level))
+        for key, c in cohorts.items()
+    }
+
+
 def cohort_line(
     values: Sequence[float], rules: Rules, relative_spread: float = 0.0
 ) -> tuple[float, float] | None:

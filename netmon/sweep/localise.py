@@ -12,16 +12,19 @@ later rounds are made of failed ends, and would pull it down.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep import plan
+from netmon.sweep import plan, uplinks
+from netmon.sweep.fabric import Fabric, cable
 from netmon.sweep.judge import (
     Cohort,
     RailVerdict,
     Rules,
+    class_cohorts,
     history_key,
     history_lines,
     judge_rail,
@@ -29,6 +32,13 @@ from netmon.sweep.judge import (
 )
 from netmon.sweep.plan import Odd, PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun
+from netmon.sweep.uplinks import Ledger, RoundLoad
+
+# Pairs across leaves, measured for the uplinks they cross: their failures are the uplink
+# ledger's to explain, not the nodes'.
+UPLINK_PURPOSES = ("uplink", "cover")
+# Pairs whose failure can name a node, a path or an uplink: they measure confirm_repeats times.
+CONFIRMING = ("locate", "path", "uplink")
 
 
 @dataclass(frozen=True)
@@ -47,13 +57,21 @@ class JudgedPair:
     def failed_rails(self) -> tuple[int, ...]:
         return tuple(r.rail for r in self.rails if not r.passed)
 
+    @property
+    def worst_ratio(self) -> float | None:
+        """The lowest busbw over expected of its failed rails."""
+        ratios = [r.ratio for r in self.rails if not r.passed and r.ratio is not None]
+        return min(ratios) if ratios else None
+
 
 @dataclass(frozen=True)
 class Suspect:
-    node: str
+    node: str  # the node; for an uplink, its leaf switch
     rails: tuple[int, ...]
-    peer: str | None = None  # set when the path between node and peer is named
+    peer: str | None = None  # the other node of a named path; for an uplink, its spine
     round: int = 0
+    kind: str = "node"  # node, path or uplink
+    ratio: float | None = None  # the worst failure's busbw over its expected level
 
 
 @dataclass
@@ -64,6 +82,7 @@ class Localiser:
     rng: random.Random
     max_rounds: int = 3
     odd: Odd = "trio"
+    confirm_repeats: int = 1
     judged: list[JudgedPair] = field(default_factory=list)
     good: set[str] = field(default_factory=set)
     named: dict[str, Suspect] = field(default_factory=dict)
@@ -79,6 +98,15 @@ class Localiser:
     _rounds: int = 0
     _cohorts: dict[tuple[str, int], Cohort] = field(default_factory=dict)
     _by_name: dict[str, SweepNode] = field(default_factory=dict)
+    # Where the fabric is known: round 1 inside groups, uplinks crossed and named.
+    fabric: Fabric | None = None
+    ledger: Ledger | None = None
+    _group_of: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.fabric is not None:
+            self.ledger = self.ledger or Ledger(self.fabric)
+            self._group_of = {n.name: self.fabric.group(n.name, n.rails) for n in self.nodes}
 
     @property
     def rounds(self) -> int:
@@ -93,7 +121,12 @@ class Localiser:
             return []
         if self._rounds == 0:
             nodes = [n for n in self.nodes if n.name not in self.gone]
-            pairs, self.waiting = plan.first_round(nodes, self.rng, self.odd)
+            if self.fabric is not None:
+                pairs, self.waiting = plan.grouped_first_round(
+                    nodes, self._group_of, self.rng, self.odd
+                )
+            else:
+                pairs, self.waiting = plan.first_round(nodes, self.rng, self.odd)
         else:
             pairs = self._locate_round()
         if pairs:
@@ -128,8 +161,38 @@ class Localiser:
         ]
         available = [n for n in self.nodes if n.name not in self.gone]
         good = sorted(self.good - self.gone)
-        return plan.locate_round(
-            available, self._rounds + 1, to_test, good, checks, self.rng, self._failed_with
+        pairs = plan.locate_round(
+            available,
+            self._rounds + 1,
+            to_test,
+            good,
+            checks,
+            self.rng,
+            self._failed_with,
+            self._group_of or None,
+        )
+        if self.ledger is not None:
+            pairs += self._uplink_pairs(available, pairs, good)
+        return [self._confirming(pair) for pair in pairs]
+
+    def _confirming(self, pair: PairPlan) -> PairPlan:
+        if pair.purpose in CONFIRMING:
+            return dataclasses.replace(pair, repeats=self.confirm_repeats)
+        return pair
+
+    def _uplink_pairs(
+        self, available: Sequence[SweepNode], taken: Sequence[PairPlan], good: Sequence[str]
+    ) -> list[PairPlan]:
+        """Good nodes no other pair of the round uses, across leaves: candidate uplinks
+        measured again, then uplinks not crossed yet; no uplink direction used twice."""
+        assert self.ledger is not None and self.fabric is not None
+        load = RoundLoad(self.fabric)
+        for pair in taken:
+            load.take(pair.nodes, pair.rails)
+        busy = {n for pair in taken for n in pair.nodes}
+        free = [n for n in good if n not in busy and n not in self.named]
+        return uplinks.plan_round(
+            self.ledger, available, free, load, self._rounds + 1, self.rng, self._group_of
         )
 
     def record(self, runs: Sequence[PairRun]) -> list[JudgedPair]:
@@ -138,6 +201,18 @@ class Localiser:
         self._cohorts = self._round_cohorts([*(p.run for p in self.judged), *runs])
         judged = [self._judge(run) for run in runs]
         self.judged.extend(judged)
+        if self.ledger is not None:
+            for pair in judged:
+                for verdict in pair.rails:
+                    self.ledger.record(
+                        pair.run.plan.nodes,
+                        verdict.rail,
+                        verdict.passed,
+                        pair.run.plan.round,
+                        verdict.ratio,
+                        pair.run.plan.purpose == "uplink",
+                    )
+            self.ledger.settle(self._rounds)
         for pair in judged:
             self._learn_outcome(pair, good_before)
         return judged
@@ -150,7 +225,7 @@ class Localiser:
             judge_rail(
                 rail,
                 busbw,
-                self._cohorts.get((self._class(nodes), rail)),
+                self._cohorts.get((self._class(nodes, rail), rail)),
                 history_lines(self.history, nodes, rail, self.rules.size),
                 self.rules,
             )
@@ -162,17 +237,16 @@ class Localiser:
         """Each (class, rail)'s cohort: round 1's matching, not later rounds of failed ends."""
         values: dict[tuple[str, int], list[float]] = {}
         for run in runs:
-            if run.outcome != "ok" or run.plan.purpose != "match":
+            if run.outcome != "ok" or run.plan.purpose not in ("match", "cover"):
                 continue
-            cls = self._class(run.plan.nodes)
             for rail, busbw in enumerate(run.busbw):
-                values.setdefault((cls, rail), []).append(busbw)
-        found = {key: Cohort.of(vals, self.rules) for key, vals in values.items()}
-        return {key: cohort for key, cohort in found.items() if cohort is not None}
+                values.setdefault((self._class(run.plan.nodes, rail), rail), []).append(busbw)
+        return class_cohorts(values, self.rules)
 
-    def _class(self, nodes: Sequence[str]) -> str:
-        leaves = [self._node(n).leaf for n in nodes]
-        return tier(leaves)
+    def _class(self, nodes: Sequence[str], rail: int) -> str:
+        if self.fabric is not None:
+            return tier([self.fabric.leaf(n, rail) for n in nodes])
+        return tier([self._node(n).leaf for n in nodes])
 
     def _node(self, name: str) -> SweepNode:
         if len(self._by_name) != len(self.nodes):
@@ -188,6 +262,8 @@ class Localiser:
             if pair.run.plan.purpose == "path":
                 self._path_checked.add(_key(nodes))
             return
+        if pair.run.plan.purpose in UPLINK_PURPOSES:
+            return  # good nodes across leaves: the uplink ledger explains it
         failed = frozenset(pair.failed_rails)
         if pair.run.plan.purpose == "path":
             group = _key(nodes)
@@ -195,31 +271,62 @@ class Localiser:
             rails = failed & self._groups.get(group, failed)  # the same rail both times
             if rails:
                 self.paths.append(
-                    Suspect(group[0], tuple(sorted(rails)), group[1], pair.run.plan.round)
+                    Suspect(
+                        group[0],
+                        tuple(sorted(rails)),
+                        group[1],
+                        pair.run.plan.round,
+                        "path",
+                        pair.worst_ratio,
+                    )
                 )
             return
         for node in nodes:
             self._failed_with.setdefault(node, set()).update(set(nodes) - {node})
         unknown = [n for n in nodes if n not in good_before]
         if len(unknown) == 1 and len(nodes) > 1:
-            self._against_good(unknown[0], failed, pair.run.plan.round)
+            rails = frozenset(r for r in failed if self._uplinks_clear(nodes, r, unknown[0]))
+            if rails:
+                self._against_good(unknown[0], rails, pair.run.plan.round, pair.worst_ratio)
             return
         for node in unknown:
             self._failed_rails.setdefault(node, set()).update(failed)
         self._groups[_key(unknown)] = failed
 
-    def _against_good(self, node: str, failed: frozenset[int], round_: int) -> None:
+    def _uplinks_clear(self, nodes: Sequence[str], rail: int, node: str) -> bool:
+        """A failure across leaves names a node only when every uplink its pair crossed has
+        passed since (a slow uplink fails the cables beside it too)."""
+        if self.ledger is None or self.fabric is None:
+            return True
+        hops = self.fabric.pair_hops(nodes, rail)
+        return all(self.ledger.clear(h.link, cable(node, rail)) for h in hops)
+
+    def _against_good(
+        self, node: str, failed: frozenset[int], round_: int, ratio: float | None
+    ) -> None:
         """`node` failed with a good partner: named on the rails it failed on both times; on
         other rails only, it is tried again (noise on one rail, then on another, is noise)."""
         before = self._failed_rails.get(node, set())
         rails = failed & before if before else failed
         if rails:
-            self.named[node] = Suspect(node, tuple(sorted(rails)), None, round_)
+            self.named[node] = Suspect(node, tuple(sorted(rails)), None, round_, "node", ratio)
+            if self.ledger is not None:
+                self.ledger.named_cables |= {cable(node, r) for r in rails}
         else:
             self._failed_rails.setdefault(node, set()).update(failed)
 
     def suspects(self) -> list[Suspect]:
-        return sorted(self.named.values(), key=lambda s: s.node) + list(self.paths)
+        named = sorted(self.named.values(), key=lambda s: s.node) + list(self.paths)
+        if self.ledger is not None:
+            named += [
+                Suspect(u.leaf, (u.rail,), u.spine, u.round, "uplink", u.ratio)
+                for u in self.ledger.named.values()
+            ]
+        return named
+
+    def ranked(self) -> list[Suspect]:
+        """Suspects, the worst (lowest busbw over expected) first."""
+        return sorted(self.suspects(), key=lambda s: s.ratio if s.ratio is not None else 1.0)
 
     def undecided(self) -> list[str]:
         """Nodes of failed pairs the sweep could neither clear nor name in its rounds: an end

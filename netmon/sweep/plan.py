@@ -11,7 +11,7 @@ that passed, so the end that fails again is named (docs/SWEEPS.md).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,7 +33,12 @@ class PairPlan:
     nodes: tuple[str, ...]
     round: int
     rails: int
-    purpose: Literal["match", "locate", "path"] = "match"
+    # match: round 1; locate: a failed end with a good node; path: a failed pair again;
+    # uplink: across leaves through a candidate uplink; cover: across leaves, uplinks not crossed.
+    purpose: Literal["match", "locate", "path", "uplink", "cover"] = "match"
+    # Times the usual measurement (sweep.iters) it runs: a pair whose failure would name a
+    # node or an uplink measures longer, so that one slow stretch does not name it.
+    repeats: int = 1
 
     @property
     def label(self) -> str:
@@ -74,6 +79,37 @@ def first_round(
     return plans, waiting
 
 
+def grouped_first_round(
+    nodes: Sequence[SweepNode],
+    group_of: Mapping[str, Hashable],
+    rng: random.Random,
+    odd: Odd = "trio",
+) -> tuple[list[PairPlan], list[str]]:
+    """Round 1 where the fabric is known: a random matching inside each group of nodes that
+    share every leaf (a scalable unit), so that round 1 crosses no uplink and no pair's busbw
+    depends on another's; the nodes left over are matched across groups."""
+    groups: dict[Hashable, list[SweepNode]] = {}
+    for node in nodes:
+        groups.setdefault(group_of.get(node.name), []).append(node)
+    plans: list[PairPlan] = []
+    leftover: list[SweepNode] = []
+    for members in groups.values():
+        inside, waiting = first_round(members, rng, "wait")
+        plans += inside
+        leftover += [n for n in members if n.name in set(waiting)]
+    across, waiting = first_round(leftover, rng, odd)
+    if waiting and odd == "trio" and plans:
+        # One node over in all: it joins a pair of its own group, as first_round's trio.
+        (last,) = waiting
+        mates = [i for i, p in enumerate(plans) if group_of.get(p.nodes[0]) == group_of.get(last)]
+        index = mates[-1] if mates else len(plans) - 1
+        joined = plans[index]
+        rails = min(joined.rails, *(n.rails for n in nodes if n.name == last))
+        plans[index] = PairPlan((*joined.nodes, last), 1, rails, "match")
+        waiting = []
+    return plans + across, waiting
+
+
 def _place_odd(
     last: SweepNode, pairs: list[tuple[SweepNode, ...]], leftover: list[SweepNode], odd: Odd
 ) -> list[str]:
@@ -107,6 +143,7 @@ def locate_round(
     path_checks: Iterable[tuple[str, ...]],
     rng: random.Random,
     failed_with: Mapping[str, set[str]] | None = None,
+    group_of: Mapping[str, Hashable] | None = None,
 ) -> list[PairPlan]:
     """The next round of localisation.
 
@@ -117,7 +154,9 @@ def locate_round(
     One end of each failed pair is taken first, so every failed pair is split; each end goes
     with a good node while good nodes last, and the ends left over are paired across failed
     pairs: a pass then clears both. A node is never paired with one it failed with
-    (`failed_with`): a slow path between them would read as a bad node.
+    (`failed_with`): a slow path between them would read as a bad node. Where the fabric is
+    known (`group_of`), a good node of the same group comes first: their pair crosses no
+    uplink.
     """
     by_name = {n.name: n for n in nodes}
     free_good = [name for name in good if name in by_name]
@@ -135,7 +174,9 @@ def locate_round(
     for name in order:
         if name in busy:
             continue
-        good_partner = _take(free_good, by_name[name], by_name, partner_of.get(name, set()))
+        good_partner = _take(
+            free_good, by_name[name], by_name, partner_of.get(name, set()), group_of or {}
+        )
         if good_partner is None:
             waiting.append(name)
             continue
@@ -172,14 +213,26 @@ def _split_order(unresolved: Sequence[tuple[str, ...]]) -> list[str]:
 
 
 def _take(
-    free_good: list[str], node: SweepNode, by_name: Mapping[str, SweepNode], avoid: set[str]
+    free_good: list[str],
+    node: SweepNode,
+    by_name: Mapping[str, SweepNode],
+    avoid: set[str],
+    group_of: Mapping[str, Hashable],
 ) -> str | None:
-    """A good node with at least this node's rails, else any good node; never one in `avoid`."""
-    allowed = [i for i, name in enumerate(free_good) if name not in avoid]
-    for index in allowed:
-        if by_name[free_good[index]].rails >= node.rails:
-            return free_good.pop(index)
-    return free_good.pop(allowed[0]) if allowed else None
+    """A good node with at least this node's rails (of its group first), else any good node;
+    never one in `avoid`."""
+    group = group_of.get(node.name)
+    best: tuple[int, int] | None = None  # (rank, index): 0 is the best there is
+    for index, name in enumerate(free_good):
+        if name in avoid:
+            continue
+        rank = 2 * (by_name[name].rails < node.rails)
+        rank += group is None or group_of.get(name) != group
+        if best is None or rank < best[0]:
+            best = (rank, index)
+            if rank == 0:
+                break
+    return free_good.pop(best[1]) if best is not None else None
 
 
 def _cross(

@@ -48,13 +48,19 @@ def pair_entry(pair: JudgedPair) -> dict[str, Any]:
 
 
 def suspect_entry(suspect: Suspect) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "node": suspect.node,
-        "rails": list(suspect.rails),
-        "round": suspect.round,
-    }
-    if suspect.peer is not None:
-        entry["peer"] = suspect.peer
+    """A node: `node`; a path: `node` and `peer`; an uplink: `uplink` (leaf~spine), `leaf`
+    and `spine`, with no `node` (no node's daemon exports it)."""
+    entry: dict[str, Any] = {"kind": suspect.kind}
+    if suspect.kind == "uplink":
+        entry |= {"uplink": f"{suspect.node}~{suspect.peer}", "leaf": suspect.node}
+        entry["spine"] = suspect.peer
+    else:
+        entry["node"] = suspect.node
+        if suspect.peer is not None:
+            entry["peer"] = suspect.peer
+    entry |= {"rails": list(suspect.rails), "round": suspect.round}
+    if suspect.ratio is not None:
+        entry["ratio"] = round(suspect.ratio, 4)
     return entry
 
 
@@ -96,24 +102,27 @@ def peer_results(pairs: list[JudgedPair], node: str) -> list[PeerResult]:
 
 def node_reports(sweep: str, loc: Localiser, finished_at: float) -> list[NodeReport]:
     """Each node's share: its results, and whether it was named (a path's named end only)."""
-    suspects = loc.suspects()
-    named = {s.node for s in suspects if s.peer is None}
+    suspects = [s for s in loc.suspects() if s.kind != "uplink"]
+    named = {s.node for s in suspects if s.kind == "node"}
     paths: dict[str, list[str]] = {}
     for s in suspects:
-        if s.peer is not None:
+        if s.kind == "path" and s.peer is not None:
             paths.setdefault(s.node, []).append(s.peer)
-    taking_part = {n for pair in loc.judged for n in pair.run.plan.nodes}
+    pairs_of: dict[str, list[JudgedPair]] = {}  # each node's pairs: linear, at 4,096 nodes too
+    for pair in loc.judged:
+        for n in pair.run.plan.nodes:
+            pairs_of.setdefault(n, []).append(pair)
     return [
         NodeReport(
             sweep=sweep,
             node=node,
             at=time.time(),
             finished_at=finished_at,
-            results=tuple(peer_results(loc.judged, node)),
+            results=tuple(peer_results(pairs_of[node], node)),
             suspect=node in named or node in paths,
             suspect_peers=tuple(paths.get(node, ())),
         )
-        for node in sorted(taking_part)
+        for node in sorted(pairs_of)
     ]
 
 
@@ -144,4 +153,5 @@ def whole(
         ],
         "suspects": [suspect_entry(s) for s in loc.suspects()],
         "undecided": loc.undecided(),
+        "undecided_uplinks": loc.ledger.undecided() if loc.ledger is not None else [],
     }

@@ -9,18 +9,25 @@ import random
 import secrets
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from netmon.baseline.book import BaselineBook
-from netmon.sweep import report
+from netmon.errors import UsageError
+from netmon.sweep import fabric_file, report
+from netmon.sweep.fabric import Fabric
 from netmon.sweep.judge import Rules
 from netmon.sweep.localise import Localiser
+from netmon.sweep.plan import SweepNode
 from netmon.sweep.scheduler import Scheduler, SchedulerError
 from netmon.sweep.settings import SweepConfig
 
 log = logging.getLogger(__name__)
 # A round is not started with less of the deadline left than this: its pairs could not finish.
 MIN_ROUND_S = 15.0
+FABRIC_ROUNDS = 6  # sweep.max_rounds's default with a fabric
 
 
 class CouldNotRun(Exception):
@@ -57,6 +64,35 @@ def rules_of(settings: SweepConfig, policy: Any) -> Rules:
     )
 
 
+def _fabric(scheduler: Scheduler, settings: SweepConfig, nodes: list[SweepNode]) -> Fabric | None:
+    """The fabric sweep.fabric names: the scheduler's switch tree, or a file."""
+    if settings.fabric is None:
+        return None
+    rails = max(n.rails for n in nodes)
+    if settings.fabric == "slurm":
+        try:
+            text = scheduler.topology()
+        except SchedulerError as exc:
+            raise CouldNotRun(f"sweep.fabric: slurm: {exc}") from None
+        if text is None:
+            raise CouldNotRun(
+                "sweep.fabric: slurm, but the scheduler lists no switches (configure "
+                "TopologyPlugin=topology/tree, or give a fabric file)"
+            )
+        return fabric_file.parse_topology(text, rails, settings.routing)
+    try:
+        return fabric_file.load(Path(settings.fabric), rails, settings.routing)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"sweep.fabric: {exc}") from None
+
+
+def _max_rounds(settings: SweepConfig, fabric: Fabric | None) -> int:
+    """sweep.max_rounds where set; else 3, or 6 with a fabric (uplinks take 3 to 4 rounds)."""
+    if fabric is None or "max_rounds" in settings.model_fields_set:
+        return settings.max_rounds
+    return FABRIC_ROUNDS
+
+
 def run_sweep(
     scheduler: Scheduler,
     settings: SweepConfig,
@@ -81,13 +117,16 @@ def run_sweep(
         raise CouldNotRun(
             f"partition {partition} has {len(nodes)} idle node(s) {where}(a sweep needs 2)"
         )
+    fabric = _fabric(scheduler, settings, nodes)
     loc = Localiser(
         nodes,
         rules_of(settings, history.policy),
         history,
         rng,
-        max_rounds=settings.max_rounds,
+        max_rounds=_max_rounds(settings, fabric),
         odd=settings.odd,
+        confirm_repeats=settings.confirm_repeats,
+        fabric=fabric,
     )
     notes: list[str] = []
     try:

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from netmon.sweep import srun_result
@@ -235,7 +236,7 @@ class SlurmScheduler:
             "NETMON_SWEEP_PORT": str(s.rendezvous_port),
             "NETMON_SWEEP_SIZE": str(s.size),
             "NETMON_SWEEP_WARMUP": str(s.warmup),
-            "NETMON_SWEEP_ITERS": str(s.iters),
+            "NETMON_SWEEP_ITERS": str(s.iters * plan.repeats),
             "NETMON_SWEEP_DEADLINE": f"{deadline:.3f}",
             "NETMON_SWEEP_BACKEND": self.backend,
             "NETMON_SWEEP_NODE_CONFIG": str(s.node_config),
@@ -292,6 +293,21 @@ class SlurmScheduler:
             ranks_started_at=found.started_at,
             finished_at=time.time(),
         )
+
+    def topology(self) -> str | None:
+        """`scontrol show topology`: the switches of the topology/tree plugin; else the
+        topology.conf beside slurm.conf (Debian's Slurm 22.05 scontrol answers "slurm_load_topo
+        error: Insane message length" with exit 0 here); None when neither lists a switch.
+        SchedulerError when the controller does not answer."""
+        text = self._run(["scontrol", "show", "topology"])
+        if "switchname=" in text.lower():
+            return text
+        conf = Path(self.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+        try:
+            text = conf.with_name("topology.conf").read_text()
+        except OSError:
+            return None
+        return text if "switchname=" in text.lower() else None
 
     def cleanup(self) -> None:
         """Cancel what this sweep submitted and is still queued or running, in one call (a job
