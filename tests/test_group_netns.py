@@ -72,8 +72,6 @@ def config(
     }
 
 
-
-
 @dataclass
 class CutResult:
     """Rounds (group round results) from the cut to the verdict, and from the repair to its end;
