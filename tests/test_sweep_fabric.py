@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from fabric_sim import Fault, Network, Noise, recorded_deviations  # noqa: E402
 
-RULES = Rules(policy=BaselinePolicy(spread_k=4.0), cohort_ratio=0.97)
+RULES = Rules(cohort_ratio=0.97)
 NOISE = Noise(tuple(recorded_deviations()), 0.3)
 
 
@@ -212,7 +212,7 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     link = "su2/rail1~spine4/rail1"
     scheduler = SimulatedScheduler(fabric, [Fault(link, 0.4)], text)
     settings = SweepConfig(fabric="slurm", cohort_ratio=0.97)  # 6 rounds: the fabric default
-    book = BaselineBook(BaselinePolicy(spread_k=4.0))
+    book = BaselineBook(BaselinePolicy())
     outcome = run_sweep(
         scheduler,
         settings,

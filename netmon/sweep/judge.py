@@ -34,6 +34,10 @@ class Rules:
     cohort_ratio: float = 0.8
     min_cohort: int = 2
     min_busbw: float | None = None
+    # Spreads under the cohort's level that a pair must fall to fail: wider than the daemon's
+    # 3, since a sweep draws thousands of lines at once (bench/sweep_sim.py: 3 names about 10
+    # healthy nodes per 10,000 node-sweeps, 4 none).
+    spread_k: float = 4.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,7 @@ class Cohort:
         """`relative_spread`: the pair's own noise as history knows it (spread / expected): a
         cohort of a few pairs cannot tell its own, and a line drawn without it pages on noise."""
         spread = max(self.spread, relative_spread * self.level)
-        raw = robust.low_bound(self.level, spread, rules.cohort_ratio, rules.policy.spread_k)
+        raw = robust.low_bound(self.level, spread, rules.cohort_ratio, rules.spread_k)
         line, _ = robust.floored(raw, self.level, rules.policy.floor_for(rules.size))
         return line
 

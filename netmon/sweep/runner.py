@@ -61,6 +61,7 @@ def rules_of(settings: SweepConfig, policy: Any) -> Rules:
         cohort_ratio=settings.cohort_ratio,
         min_cohort=settings.min_cohort,
         min_busbw=settings.min_busbw,
+        spread_k=settings.spread_k,
     )
 
 

@@ -49,6 +49,9 @@ class SweepConfig(BaseModel):
     # A pair's cohort line: under ratio x the cohort's level (the upper quartile of its class).
     cohort_ratio: float = Field(0.8, gt=0, le=1)
     min_cohort: int = Field(2, ge=2)  # fewer pairs of a class than this: no cohort line
+    # The cohort line is also this many spreads under the level (the daemon's is 3: a sweep
+    # draws thousands of lines at once; docs/SWEEPS.md).
+    spread_k: float = Field(4.0, ge=0)
     pair_timeout: float = Field(300.0, gt=0)  # seconds one pair's job may take, queue included
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
     # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
