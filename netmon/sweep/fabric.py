@@ -15,7 +15,7 @@ one uplink of each leaf per direction, chosen by the routing:
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -152,13 +152,3 @@ def rail_optimised(
 
 def _railed(name: str, rail: int, rails: int) -> str:
     return name if rails == 1 else f"{name}/rail{rail}"
-
-
-def groups_of(
-    fabric: Fabric, nodes: Iterable[str], rails: int
-) -> dict[tuple[str | None, ...], list[str]]:
-    """Nodes by the leaves they hang off on every rail, in the given order."""
-    found: dict[tuple[str | None, ...], list[str]] = {}
-    for node in nodes:
-        found.setdefault(fabric.group(node, rails), []).append(node)
-    return found
