@@ -3,11 +3,12 @@
     python deploy/render.py           # rewrite them
     python deploy/render.py --check   # exit 1 if one is out of date
 
-deploy/kubernetes/prometheusrule.yaml embeds deploy/prometheus/netmon-rules.yaml, indented under
-`spec:` as text, so its comments and block scalars survive; tests/test_deploy.py checks that the
-parsed groups are identical. The Helm chart gets verbatim copies of the rules file and of
-grafana/dashboards/netmon.json in its files/, because Helm reads only files inside the chart
-(.Files.Get); tests/test_helm.py checks what the chart renders from them.
+deploy/kubernetes/prometheus-operator/prometheusrule.yaml embeds
+deploy/prometheus/netmon-rules.yaml, indented under `spec:` as text, so its comments and block
+scalars survive; tests/test_deploy.py checks that the parsed groups are identical. The Helm chart
+gets verbatim copies of the rules file and of grafana/dashboards/netmon.json in its files/,
+because Helm reads only files inside the chart (.Files.Get); tests/test_helm.py checks what the
+chart renders from them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 DEPLOY = Path(__file__).resolve().parent
 RULES = DEPLOY / "prometheus" / "netmon-rules.yaml"
-OUTPUT = DEPLOY / "kubernetes" / "prometheusrule.yaml"
+OUTPUT = DEPLOY / "kubernetes" / "prometheus-operator" / "prometheusrule.yaml"
 DASHBOARD = DEPLOY.parent / "grafana" / "dashboards" / "netmon.json"
 CHART_FILES = DEPLOY / "helm" / "netmon" / "files"
 
