@@ -75,7 +75,11 @@ def require(binary: str) -> str:
 
 class Prometheus:
     def __init__(
-        self, tmp_path: Path, targets: list[str], rule_files: tuple[Path, ...] = ()
+        self,
+        tmp_path: Path,
+        targets: list[str],
+        rule_files: tuple[Path, ...] = (),
+        features: tuple[str, ...] = (),
     ) -> None:
         binary = require("prometheus")
         config = {
@@ -94,6 +98,7 @@ class Prometheus:
                     f"--config.file={config_path}",
                     f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                     f"--web.listen-address=127.0.0.1:{self.port}",
+                    *(f"--enable-feature={feature}" for feature in features),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -112,6 +117,14 @@ class Prometheus:
         assert document["status"] == "success", document
         result: list[dict[str, Any]] = document["data"]["result"]
         return result
+
+    def api(self, path: str, **params: str) -> Any:
+        """The `data` of any GET endpoint under /api/v1/ (targets, targets/metadata...)."""
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document = json.load(response)
+        assert document["status"] == "success", document
+        return document["data"]
 
     def stop(self) -> None:
         stop_server(self.proc)

@@ -19,7 +19,7 @@ from typing import get_args
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.parser import text_string_to_metric_families
 
 from netmon import baseline
@@ -60,6 +60,7 @@ from netmon.probe.spec import (
     ProbeOutcome,
     SizeResult,
 )
+from netmon.probe.streaks import Streak
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
@@ -382,6 +383,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     links=(_LINK,),
     suspect_gpus={"pairs": ()},
     pair_members={"pairs": (0, 1)},
+    gpu_streaks={"pairs": {0: Streak(0, T0), 1: Streak(1, T0)}},
     topology=((0, 1, "NV18"),),
     transports=(("large", "default", "p2p"),),
     transport_faults={("large", "pcie", "p2p_where_pcie_expected"): 1},
@@ -389,11 +391,20 @@ FULL_SNAPSHOT = dataclasses.replace(
     link_health=dataclasses.replace(_HEALTH, under_load=False, read_at=T0 + 30),
     link_load=marked_loaded(_HEALTH, {0}),  # GPU 0 carried the pcie-path probe's traffic
     link_interval_s=30.0,
+    link_load_interval_s=900.0,
     link_read_errors=1,
     nvlink_per_link=True,
     group=GroupView("rack-a", ("a:1", "b:1"), ("a:1",), "a:1", "a:1"),
     peers=(PeerPoint("nodes", MIB, "b:1", 1e9),),
-    peer_verdicts={"nodes": PeerVerdict(("a:1", "b:1"), (), (("a:1", "b:1"),))},
+    peer_verdicts={
+        "nodes": PeerVerdict(
+            ("a:1", "b:1"),
+            (),
+            (("a:1", "b:1"),),
+            {"a:1": Streak(0, T0), "b:1": Streak(0, T0)},
+            {("a:1", "b:1"): Streak(2, T0)},
+        )
+    },
     inconclusive={("large", "disturbed"): 4, ("large", "settling"): 2},
     series_results={"large": 9},
     reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
@@ -483,8 +494,8 @@ def test_http_metrics_healthz_and_errors(server: tuple[MetricsServer, list[Snaps
 
     status, response, body = request(metrics, "GET", "/metrics")
     assert status == 200
-    assert response.getheader("Content-Type") == CONTENT_TYPE_LATEST
-    assert CONTENT_TYPE_LATEST.startswith("text/plain")
+    # No Accept header: the text format 0.0.4 (tests/test_negotiation.py has the others).
+    assert response.getheader("Content-Type") == CONTENT_TYPE_PLAIN_0_0_4
     assert int(response.getheader("Content-Length") or -1) == len(body)
     assert b'netmon_busbw_bytes_per_second{op="all_reduce",path="nv4",probe="large"' in body
 
@@ -504,7 +515,7 @@ def test_http_head_sends_headers_only(server: tuple[MetricsServer, list[Snapshot
     metrics, _ = server
     status, response, body = request(metrics, "HEAD", "/metrics")
     assert status == 200
-    assert response.getheader("Content-Type") == CONTENT_TYPE_LATEST
+    assert response.getheader("Content-Type") == CONTENT_TYPE_PLAIN_0_0_4
     assert int(response.getheader("Content-Length") or 0) > 0
     assert body == b""
 

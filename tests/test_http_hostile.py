@@ -3,6 +3,8 @@ and a deadline on every wait."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import http.client
 import select
 import socket
@@ -12,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import bcrypt
 import pytest
 
 from netmon.exposition.collector import make_registry
@@ -22,6 +25,7 @@ from netmon.exposition.http import (
     MetricsServer,
 )
 from netmon.exposition.snapshot import Snapshot
+from netmon.exposition.webconfig import BasicAuth, WebSecurity
 from tests.conftest import wait_for
 
 TIMEOUT = 1.0  # the server's request timeout in these tests
@@ -192,6 +196,60 @@ def test_a_body_on_get_is_ignored(port: int) -> None:
     assert status(answer) == 200 and b"\r\nConnection: close\r\n" in answer
     bad_length = b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n\r\n"
     assert status(exchange(port, bad_length)) == 200
+
+
+def head_of(response: bytes) -> dict[str, str]:
+    lines = response.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")[1:]
+    return {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+
+
+def test_an_accept_header_the_negotiation_cannot_use_gets_the_text_format(port: int) -> None:
+    for accept in (
+        b"application/openmetrics-text; version=1..0",  # prometheus_client raises on it
+        # Folded (obsolete, still parsed): prometheus_client would echo the CR LF and the line
+        # after it into the Content-Type, a header of the client's making in our response.
+        b"application/openmetrics-text;version=1.0.0.\r\n X-Injected: 1",
+    ):
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAccept: " + accept
+        response = exchange(port, request + b"\r\nAccept-Encoding: gzip\r\n\r\n")
+        assert status(response) == 200, accept
+        assert b"X-Injected" not in response.split(b"\r\n\r\n", 1)[0]
+        head = head_of(response)
+        assert head["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert head["content-encoding"] == "gzip"
+        body = gzip.decompress(response.split(b"\r\n\r\n", 1)[1])
+        assert b"# TYPE netmon_paused gauge" in body
+
+
+def test_basic_auth_guards_every_representation(serve: Any) -> None:
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
+    port = serve(security=WebSecurity(auth=BasicAuth({"prometheus": hashed})))
+    prometheus = {
+        "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        "Accept-Encoding": "gzip",
+    }
+    for method in ("GET", "HEAD"):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            connection.request(method, "/metrics", headers=prometheus)
+            refused = connection.getresponse()
+            body = refused.read()
+            assert refused.status == 401 and refused.getheader("Content-Encoding") is None
+            assert body == (b"unauthorized\n" if method == "GET" else b"")
+            token = base64.b64encode(b"prometheus:pw").decode()
+            connection.request(
+                method, "/metrics", headers={**prometheus, "Authorization": f"Basic {token}"}
+            )
+            allowed = connection.getresponse()
+            body = allowed.read()
+            assert allowed.status == 200 and allowed.getheader("Content-Encoding") == "gzip"
+            assert (allowed.getheader("Content-Type") or "").startswith(
+                "application/openmetrics-text; version=1.0.0;"
+            )
+            if method == "GET":
+                assert gzip.decompress(body).endswith(b"# EOF\n")
+        finally:
+            connection.close()
 
 
 def test_a_hundred_concurrent_scrapes_are_all_served(port: int) -> None:

@@ -241,7 +241,7 @@ def serve() -> Iterator[Callable[..., int]]:
 
     def start(**options: Any) -> int:
         options.setdefault("request_timeout", 1.0)
-        server = MetricsServer("127.0.0.1", 0, lambda: b"metrics\n", **options)
+        server = MetricsServer("127.0.0.1", 0, lambda _format: b"metrics\n", **options)
         server.serve_in_thread()
         servers.append(server)
         return int(server.server_address[1])

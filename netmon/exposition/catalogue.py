@@ -189,6 +189,9 @@ CATALOGUE: tuple[Family, ...] = (
            "A pair's busbw at its largest size over the median of its path class", "probes"),
     Family("pairs", "netmon_link_suspect", "gauge", "", _PAIR,
            "1 when the pair is low against its path class and neither GPU explains it"),
+    Family("pairs", "netmon_link_suspect_sweeps", "gauge", "", _PAIR,
+           "Sweeps in a row, of those that measured the pair, that named it suspect; 0 when the "
+           "last did not (since the daemon started)"),
     Family("pairs", "netmon_link_measurement_timestamp_seconds", "gauge", "seconds", _PAIR,
            "When the pair was last measured (a sweep measures the pairs whose two GPUs are idle "
            "then; the others keep their last result)"),
@@ -197,6 +200,11 @@ CATALOGUE: tuple[Family, ...] = (
            "another probe, or not idle)"),
     Family("pairs", "netmon_gpu_suspect", "gauge", "", ("probe", "gpu"),
            "1 when every pair of this GPU (or CPU rank) is low against its path class"),
+    Family("pairs", "netmon_gpu_suspect_sweeps", "gauge", "", ("probe", "gpu"),
+           "Sweeps in a row, of those that measured a pair of this GPU, that named the GPU "
+           "suspect; 0 when the last did not (since the daemon started)"),
+    Family("pairs", "netmon_gpu_measurement_timestamp_seconds", "gauge", "seconds",
+           ("probe", "gpu"), "When a sweep last measured a pair of this GPU"),
     Family("pairs", "netmon_topology_link_info", "info", "", ("gpu", "peer_gpu", "path"),
            "1 for every GPU pair, with its path class as nvidia-smi topo -m shows it (NV18, PIX)"),
     # probes: what running the probes did and cost
@@ -268,6 +276,9 @@ CATALOGUE: tuple[Family, ...] = (
     Family("link_health", "netmon_pcie_link_load_read_timestamp_seconds", "gauge", "seconds", (),
            "When the PCIe links were last read under pcie-path probe traffic (the reading the "
            "generation is judged on)", "nvml"),
+    Family("link_health", "netmon_pcie_link_load_interval_seconds", "gauge", "seconds", (),
+           "Configured interval of the pcie-path probes whose traffic the PCIe links are read "
+           "under (the shortest, if several)"),
     # group: node pairs across a group, and the group itself
     Family("group", "netmon_peer_busbw_bytes_per_second", "gauge", "bytes_per_second",
            ("probe", "size_bytes", "peer"),
@@ -276,9 +287,20 @@ CATALOGUE: tuple[Family, ...] = (
     Family("group", "netmon_peer_suspect", "gauge", "", ("probe", "peer"),
            "1 when every node pair of this member is low against the median of all node pairs "
            "(exported by the leader)"),
+    Family("group", "netmon_peer_suspect_sweeps", "gauge", "", ("probe", "peer"),
+           "Node-pair sweeps in a row, of those this leader judged that measured the member, that "
+           "named it suspect; 0 when the last did not"),
+    Family("group", "netmon_peer_measurement_timestamp_seconds", "gauge", "seconds",
+           ("probe", "peer"), "When a node-pair sweep this leader judged last measured the member"),
     Family("group", "netmon_peer_link_suspect", "gauge", "", ("probe", "member", "peer"),
            "1 for a node pair low against the median of all node pairs that neither node explains "
            "(exported by the leader)"),
+    Family("group", "netmon_peer_link_suspect_sweeps", "gauge", "", ("probe", "member", "peer"),
+           "Node-pair sweeps in a row, of those this leader judged that measured the node pair, "
+           "that named it suspect; 0 when the last did not"),
+    Family("group", "netmon_peer_link_measurement_timestamp_seconds", "gauge", "seconds",
+           ("probe", "member", "peer"),
+           "When a node-pair sweep this leader judged last measured the node pair"),
     Family("group", "netmon_group_members", "gauge", "", ("group",),
            "Group members this node reaches now, itself included"),
     Family("group", "netmon_group_member_up", "gauge", "", ("group", "member"),

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeAlias
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from netmon.exposition.catalogue import (
@@ -24,6 +24,8 @@ from netmon.exposition.catalogue import (
     SKIP_REASONS,
 )
 from netmon.exposition.families import add_known, family
+from netmon.exposition.formats import TEXT, Format
+from netmon.exposition.groups import group_families
 from netmon.exposition.snapshot import LinkPoint, Snapshot
 from netmon.exposition.sweeps import sweep_families
 from netmon.exposition.verdicts import result_families, state_families, verdict_families
@@ -104,6 +106,7 @@ def pair_families(snapshot: Snapshot) -> Iterator[Metric]:
     busbw = family("netmon_link_busbw_bytes_per_second", snapshot)
     ratio = family("netmon_link_busbw_ratio", snapshot)
     suspect = family("netmon_link_suspect", snapshot)
+    in_a_row = family("netmon_link_suspect_sweeps", snapshot)
     largest: dict[tuple[str, int, int], LinkPoint] = {}
     for point in snapshot.links:
         size, gpu, peer = str(point.size_bytes), str(point.gpu), str(point.peer_gpu)
@@ -117,19 +120,29 @@ def pair_families(snapshot: Snapshot) -> Iterator[Metric]:
         if point.ratio is not None:
             ratio.add_metric(names, point.ratio)
         suspect.add_metric(names, 1.0 if point.suspect else 0.0)
+        in_a_row.add_metric(names, float(point.suspect_sweeps))
         measured.add_metric(names, point.measured_at)
     skips = family("netmon_pair_skips", snapshot)
     for (probe, reason), count in sorted(snapshot.pair_skips.items()):
         skips.add_metric([probe, reason], count)
     gpu_suspect = family("netmon_gpu_suspect", snapshot)
+    gpu_in_a_row = family("netmon_gpu_suspect_sweeps", snapshot)
+    gpu_measured = family("netmon_gpu_measurement_timestamp_seconds", snapshot)
     for probe, members in sorted(snapshot.pair_members.items()):
         suspects = set(snapshot.suspect_gpus.get(probe, ()))
+        streaks = snapshot.gpu_streaks.get(probe, {})
         for member in members:
-            gpu_suspect.add_metric([probe, str(member)], 1.0 if member in suspects else 0.0)
+            labels = [probe, str(member)]
+            gpu_suspect.add_metric(labels, 1.0 if member in suspects else 0.0)
+            streak = streaks.get(member)
+            gpu_in_a_row.add_metric(labels, float(streak.sweeps) if streak else 0.0)
+            if streak is not None:
+                gpu_measured.add_metric(labels, streak.measured_at)
     topology = family("netmon_topology_link_info", snapshot)
     for gpu_index, peer_index, path in snapshot.topology:
         topology.add_metric([str(gpu_index), str(peer_index), path], 1.0)
-    yield from (busbw, ratio, suspect, measured, skips, gpu_suspect, topology)
+    yield from (busbw, ratio, suspect, in_a_row, measured, skips, gpu_suspect)
+    yield from (gpu_in_a_row, gpu_measured, topology)
 
 
 def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -186,6 +199,10 @@ def link_health_families(snapshot: Snapshot) -> Iterator[Metric]:
         errors = family("netmon_link_health_read_errors", snapshot)
         errors.add_metric([], snapshot.link_read_errors)
         yield from (interval, errors)
+    if snapshot.link_load_interval_s:
+        load_interval = family("netmon_pcie_link_load_interval_seconds", snapshot)
+        load_interval.add_metric([], snapshot.link_load_interval_s)
+        yield load_interval
     if snapshot.link_health is not None:
         yield from _pcie_families(snapshot.link_health, snapshot.link_load, snapshot)
         yield from _nvlink_families(snapshot.link_health, snapshot)
@@ -266,35 +283,6 @@ def _reading_families(
         load_at = family("netmon_pcie_link_load_read_timestamp_seconds", snapshot)
         load_at.add_metric([], load.read_at)
         yield load_at
-
-
-def group_families(snapshot: Snapshot) -> Iterator[Metric]:
-    peer_busbw = family("netmon_peer_busbw_bytes_per_second", snapshot)
-    for point in snapshot.peers:
-        peer_busbw.add_metric([point.probe, str(point.size_bytes), point.peer], point.busbw)
-    suspect = family("netmon_peer_suspect", snapshot)
-    pair = family("netmon_peer_link_suspect", snapshot)
-    for probe, verdict in sorted(snapshot.peer_verdicts.items()):
-        for member in verdict.members:
-            suspect.add_metric([probe, member], 1.0 if member in verdict.suspects else 0.0)
-        for a, b in verdict.pair_suspects:
-            pair.add_metric([probe, a, b], 1.0)
-    yield from (peer_busbw, suspect, pair)
-    view = snapshot.group
-    if view is None:
-        return
-    members = family("netmon_group_members", snapshot)
-    members.add_metric([view.name], float(len(view.seen)))
-    up = family("netmon_group_member_up", snapshot)
-    for member in view.members:
-        up.add_metric([view.name, member], 1.0 if member in view.seen else 0.0)
-    leader = family("netmon_group_leader", snapshot)
-    if view.leader is not None:
-        leader.add_metric([view.name, view.leader], 1.0)
-    rejected = family("netmon_group_messages_rejected", snapshot)
-    for member in view.members:
-        rejected.add_metric([view.name, member], float(snapshot.group_rejected.get(member, 0)))
-    yield from (members, up, leader, rejected)
 
 
 def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -409,6 +397,10 @@ class SnapshotCollector:
         yield success
 
 
+# Representations of one snapshot kept rendered at once (SnapshotPage).
+MAX_CACHED_FORMATS = 8
+
+
 def make_registry(
     current: Callable[[], Snapshot], collectors: Mapping[str, Collector] = COLLECTORS
 ) -> CollectorRegistry:
@@ -418,24 +410,31 @@ def make_registry(
 
 
 class SnapshotPage:
-    """/metrics as bytes, rendered once per snapshot rather than once per scrape.
+    """/metrics as bytes, rendered once per snapshot and representation rather than per scrape.
 
     A snapshot is immutable and every family comes from it (none is measured at scrape time), so
     its exposition never changes: many Prometheus servers, or one scraping often, cost one render
-    per change of results. Concurrent scrapes of a new snapshot wait for one render.
+    (and one gzip) per change of results. Concurrent scrapes of a new snapshot wait for one render.
     """
 
     def __init__(self, current: Callable[[], Snapshot]) -> None:
         self._current = current
         self._lock = threading.Lock()
-        self._rendered: tuple[Snapshot, bytes] | None = None
+        self._snapshot: Snapshot | None = None
+        self._bodies: dict[Format, bytes] = {}
         self.renders = 0
 
-    def __call__(self) -> bytes:
+    def __call__(self, fmt: Format = TEXT) -> bytes:
         snapshot = self._current()
         with self._lock:
-            if self._rendered is None or self._rendered[0] is not snapshot:
-                page = generate_latest(make_registry(lambda: snapshot))
-                self._rendered = (snapshot, page)
+            if self._snapshot is not snapshot:
+                self._snapshot, self._bodies = snapshot, {}
+            body = self._bodies.get(fmt)
+            if body is None:
+                body = fmt.render(make_registry(lambda: snapshot))
                 self.renders += 1
-            return self._rendered[1]
+                # The Accept header is the client's: odd versions each make a format of their
+                # own, so only the first few are kept (text and OpenMetrics, each gzipped or not).
+                if len(self._bodies) < MAX_CACHED_FORMATS:
+                    self._bodies[fmt] = body
+            return body

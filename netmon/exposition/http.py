@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry
+
+from netmon.exposition.formats import Page, negotiate
 
 if TYPE_CHECKING:
     from netmon.exposition.webconfig import WebConfigReloader, WebSecurity
@@ -165,7 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path != "/healthz" and not self._authorized():
             self._unauthorized()
         elif path == "/metrics":
-            self._send(200, self.server.page(), CONTENT_TYPE_LATEST)
+            self._metrics()
         elif path == "/healthz":
             self._send(200, b"ok\n", TEXT)
         elif path == "/":
@@ -177,7 +178,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n", TEXT)
 
     def do_HEAD(self) -> None:
-        self.do_GET()
+        self.do_GET()  # the same headers as GET, Content-Length included; _send drops the body
+
+    def _metrics(self) -> None:
+        """The page in the format and encoding the request accepts: OpenMetrics for Prometheus,
+        which asks for it first, and gzipped when it may be (Prometheus always says it may)."""
+        chosen = negotiate(self.headers["Accept"], self.headers["Accept-Encoding"])
+        # The body depends on both headers: a cache between must key on them too (RFC 9110 12.5.5).
+        headers = {"Vary": "Accept, Accept-Encoding"}
+        if chosen.gzip:
+            headers["Content-Encoding"] = "gzip"
+        self._send(200, self.server.page(chosen), chosen.content_type, headers)
 
     def do_POST(self) -> None:
         """/sweep: the body to the server's on_sweep, its answer to the client; 404 without one."""
@@ -235,7 +246,14 @@ class _Handler(BaseHTTPRequestHandler):
     def _send(
         self, status: int, body: bytes, content_type: str, headers: Mapping[str, str] | None = None
     ) -> None:
-        self.send_response(status)
+        # send_response, with the representation sent in the request's log line.
+        encoding = (headers or {}).get("Content-Encoding", "identity")
+        self.log_message(
+            '"%s" %d, %d bytes, %s, %s', self.requestline, status, len(body), content_type, encoding
+        )
+        self.send_response_only(status)
+        self.send_header("Server", self.version_string())
+        self.send_header("Date", self.date_time_string())
         if status == 204:
             body = b""  # No Content: neither a body nor its headers (RFC 9110, 8.6)
         else:
@@ -271,7 +289,7 @@ class MetricsServer(ThreadingHTTPServer):
         self,
         host: str,
         port: int,
-        page: CollectorRegistry | Callable[[], bytes],
+        page: CollectorRegistry | Page,
         *,
         security: WebSecurity | None = None,
         request_timeout: float = REQUEST_TIMEOUT_S,
@@ -279,9 +297,10 @@ class MetricsServer(ThreadingHTTPServer):
         web_config_check_s: float = WEB_CONFIG_CHECK_S,
         on_sweep: BodyHandler | None = None,
     ) -> None:
-        # What /metrics serves: a SnapshotPage, or any registry, rendered on every scrape.
-        self.page: Callable[[], bytes] = (
-            (lambda: generate_latest(page)) if isinstance(page, CollectorRegistry) else page
+        # What /metrics serves, in the representation asked for: a SnapshotPage (its renders
+        # cached), or any registry, rendered on every scrape.
+        self.page: Page = (
+            (lambda chosen: chosen.render(page)) if isinstance(page, CollectorRegistry) else page
         )
         # POST /sweep takes a body to this (the daemon's sweep inbox); None: 404.
         self.on_sweep = on_sweep

@@ -13,6 +13,7 @@ from netmon.gpu.linkhealth import LinkHealth
 if TYPE_CHECKING:
     from netmon.baseline import Verdict
     from netmon.probe.spec import ProbeOutcome, SizeResult
+    from netmon.probe.streaks import Streak
     from netmon.sweep.node_report import NodeReport
 
 SeriesKey: TypeAlias = tuple[str, str, int, str, int]  # (probe, op, size_bytes, path, ranks)
@@ -94,6 +95,7 @@ class LinkPoint:
     low: bool
     suspect: bool
     measured_at: float = 0.0  # when this pair was last measured (pairs run when both are idle)
+    suspect_sweeps: int = 0  # sweeps in a row, of those that measured the pair, that named it
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,14 @@ class PeerPoint:
 
 @dataclass(frozen=True)
 class PeerVerdict:
+    """The leader's latest verdict on its group's node pairs, with each member's and each node
+    pair's streak (netmon.probe.streaks) over the sweeps this leader judged since it started."""
+
     members: tuple[str, ...]
     suspects: tuple[str, ...]
     pair_suspects: tuple[tuple[str, str], ...]
+    streaks: Mapping[str, Streak] = field(default_factory=dict)
+    pair_streaks: Mapping[tuple[str, str], Streak] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,8 @@ class Snapshot:
     links: tuple[LinkPoint, ...] = ()
     suspect_gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     pair_members: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # Per pairs probe, each GPU's streak: sweeps in a row that named it, when one last measured it.
+    gpu_streaks: Mapping[str, Mapping[int, Streak]] = field(default_factory=dict)
     topology: tuple[tuple[int, int, str], ...] = ()  # (gpu, peer_gpu, path class)
     transports: tuple[tuple[str, str, str], ...] = ()  # (probe, path, transport)
     transport_faults: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
@@ -169,6 +178,8 @@ class Snapshot:
     link_load: LinkHealth | None = None
     # Link telemetry: seconds between reads (0: off), reads that failed, per-link series too.
     link_interval_s: float = 0.0
+    # The shortest interval of the probes whose pcie-path traffic is read under (0: none).
+    link_load_interval_s: float = 0.0
     link_read_errors: int = 0
     nvlink_per_link: bool = False
     group: GroupView | None = None

@@ -44,7 +44,10 @@ class NodePairs:
         verdict = judge_pairs(busbw, dict.fromkeys(busbw, "NET"), probe.suspect_ratio)
         suspects = tuple(members[i] for i in verdict.suspect_members)
         pair_suspects = tuple((members[a], members[b]) for a, b in verdict.suspect_pairs)
-        self.rounds.results.set_peer_verdict(probe.name, tuple(members), suspects, pair_suspects)
+        done = [(members[a], members[b]) for a, b in busbw]
+        self.rounds.results.set_peer_verdict(
+            probe.name, tuple(members), suspects, pair_suspects, done
+        )
         event(
             log,
             "node pairs judged",

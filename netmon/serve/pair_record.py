@@ -1,5 +1,10 @@
 """The pairs probes' part of the daemon's record: each pair's latest measurement and its age, the
-pairs a sweep could not measure by reason, and the links judged from what is kept.
+pairs a sweep could not measure by reason, the links judged from what is kept, and how many
+sweeps in a row named each pair and each GPU (netmon.probe.streaks).
+
+The streaks live in memory only, as the verdicts they count do: a restart starts them at 0, so
+the hardware as it is after a restart (often a repair: a reboot, a reseat, a new GPU) needs two
+sweeps of its own that agree before an alert, at the cost of one more pair interval.
 
 Not locked itself: netmon.serve.results holds one and calls it under its own lock.
 """
@@ -12,6 +17,7 @@ from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.catalogue import PAIR_SKIP_REASONS
 from netmon.exposition.snapshot import LinkPoint
 from netmon.probe.pairs import PairOutcome, PairSkip, verdict_at_largest
+from netmon.probe.streaks import Streak, advance
 from netmon.probe.verdict import LinkVerdict, Pair
 
 
@@ -24,6 +30,8 @@ class PairRecord:
         self.skips: dict[tuple[str, str], int] = {}
         self.suspect_gpus: dict[str, tuple[int, ...]] = {}
         self.members: dict[str, tuple[int, ...]] = {}
+        self._pair_streaks: dict[str, dict[Pair, Streak]] = {}
+        self.gpu_streaks: dict[str, dict[int, Streak]] = {}
         self.reconfigure(config)
 
     @property
@@ -39,6 +47,8 @@ class PairRecord:
         self._links = {k: v for k, v in self._links.items() if k in names}
         self.suspect_gpus = {k: v for k, v in self.suspect_gpus.items() if k in names}
         self.members = {k: v for k, v in self.members.items() if k in names}
+        self._pair_streaks = {k: v for k, v in self._pair_streaks.items() if k in names}
+        self.gpu_streaks = {k: v for k, v in self.gpu_streaks.items() if k in names}
         self.skips = {k: v for k, v in self.skips.items() if k[0] in names}
         for probe in config.probes or ():
             if probe.kind == "pairs":
@@ -61,7 +71,15 @@ class PairRecord:
                 latest.pop(item.pair, None)
         kept = [item for item, _ in latest.values()]
         verdict = verdict_at_largest(kept, probe.suspect_ratio)
-        self._links[probe.name] = _link_points(probe.name, latest, verdict)
+        # Measured by this sweep: the pairs that succeeded, and their GPUs. A pair that failed
+        # or was skipped, and a GPU none of whose pairs succeeded, keep their streaks.
+        done = [item.pair for item in results if item.outcome.ok]
+        pairs = self._pair_streaks.get(probe.name, {})
+        pairs = advance(pairs, done, verdict.suspect_pairs, now)
+        gpus = self.gpu_streaks.get(probe.name, {})
+        gpus = advance(gpus, {g for pair in done for g in pair}, verdict.suspect_members, now)
+        self._pair_streaks[probe.name], self.gpu_streaks[probe.name] = pairs, gpus
+        self._links[probe.name] = _link_points(probe.name, latest, verdict, pairs)
         self.suspect_gpus[probe.name] = verdict.suspect_members
         self.members[probe.name] = tuple(
             sorted({m for item in [*results, *kept] for m in item.pair})
@@ -70,7 +88,10 @@ class PairRecord:
 
 
 def _link_points(
-    probe: str, latest: dict[Pair, tuple[PairOutcome, float]], verdict: LinkVerdict
+    probe: str,
+    latest: dict[Pair, tuple[PairOutcome, float]],
+    verdict: LinkVerdict,
+    streaks: dict[Pair, Streak],
 ) -> tuple[LinkPoint, ...]:
     points = []
     suspect = set(verdict.suspect_pairs)
@@ -89,6 +110,7 @@ def _link_points(
                     low=bool(judged and judged.low),
                     suspect=pair in suspect,
                     measured_at=measured_at,
+                    suspect_sweeps=streaks[pair].sweeps if pair in streaks else 0,
                 )
             )
     return tuple(points)

@@ -20,7 +20,6 @@ from netmon.exposition.catalogue import FORK_FALLBACK_REASONS, RANK_START_METHOD
 from netmon.exposition.snapshot import (
     GroupView,
     PeerPoint,
-    PeerVerdict,
     ProbeStats,
     SeriesPoint,
     Snapshot,
@@ -37,6 +36,8 @@ from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.pair_record import PairRecord
+from netmon.serve.peer_record import PeerRecord
+from netmon.serve.telemetry import load_interval
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class Results:
         # Pre-set to 0 for every probe that judges results, so that increase() sees the first.
         self._inconclusive = _judging_counters(config, {})
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
-        self._peer_verdicts: dict[str, PeerVerdict] = {}
+        self._peer_verdicts = PeerRecord()
         self._group_rejected: dict[str, int] = {}
         self._sweep: SweepView | None = None  # set by the sweep inbox, where there is one
         # Results of judged series, conclusive or not: the disturbed share's denominator.
@@ -151,6 +152,7 @@ class Results:
                 p: self._series_results.get(p, 0) for p in _judging_probes(config)
             }
             self._pairs.reconfigure(config)
+            self._peer_verdicts.reconfigure(names)
             self._snapshot = self._build_snapshot()
 
     def reloaded(self, ok: bool) -> None:
@@ -191,9 +193,12 @@ class Results:
         members: tuple[str, ...],
         suspects: tuple[str, ...],
         pair_suspects: tuple[tuple[str, str], ...],
+        measured: Sequence[tuple[str, str]],
     ) -> None:
+        """A node-pair sweep judged as leader; `measured`: the pairs it has a busbw for."""
         with self._lock:
-            self._peer_verdicts[probe] = PeerVerdict(members, suspects, pair_suspects)
+            now = time.time()
+            self._peer_verdicts.judged(probe, members, suspects, pair_suspects, measured, now)
             self._snapshot = self._build_snapshot()
 
     def set_link_health(self, health: LinkHealth | None) -> None:
@@ -395,6 +400,7 @@ class Results:
             links=self._pairs.links,
             suspect_gpus=dict(self._pairs.suspect_gpus),
             pair_members=dict(self._pairs.members),
+            gpu_streaks={name: dict(s) for name, s in self._pairs.gpu_streaks.items()},
             topology=self._topology,
             transports=tuple(
                 (probe, path, transport)
@@ -406,11 +412,12 @@ class Results:
             link_health=self._link_health,
             link_load=self._link_load,
             link_interval_s=config.link_telemetry.interval if config.backend == "nccl" else 0.0,
+            link_load_interval_s=load_interval(config),
             link_read_errors=self._link_read_errors,
             nvlink_per_link=config.link_telemetry.nvlink_detail == "link",
             group=self._group,
             peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
-            peer_verdicts=dict(self._peer_verdicts),
+            peer_verdicts=dict(self._peer_verdicts.verdicts),
             group_rejected=dict(self._group_rejected),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
             rank_starts=dict(self._rank_starts),
