@@ -60,7 +60,11 @@ def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
         rendered = chart.render(values or {}, name="netmon", namespace="netmon")
     return [
-        document for text in rendered.values() for document in yaml.safe_load_all(text) if document
+        document
+        for path, text in rendered.items()
+        if not path.endswith("NOTES.txt")  # text for the operator, not an object
+        for document in yaml.safe_load_all(text)
+        if document
     ]
 
 
@@ -237,6 +241,12 @@ def test_the_chart_daemonset_agrees_with_the_kustomize_one(variant: str) -> None
         assert ours["securityContext"]["runAsUser"] == 0
     else:
         assert ours["securityContext"] == theirs["securityContext"]
+    # Differences on purpose: the PriorityClass that dcgm-exporter and the GPU Operator use
+    # (the kustomize pods have none), and a memory limit computed from the probes (kustomize's
+    # is a fixed 24Gi); the requests are the same.
+    assert chart_pod["priorityClassName"] == "system-node-critical"
+    assert "priorityClassName" not in pod
+    assert ours["resources"]["requests"] == theirs["resources"]["requests"]
     for field in POD_AGREED:
         mine, kept = chart_pod.get(field), pod.get(field)
         if field == "volumes":
@@ -265,20 +275,34 @@ def test_the_memory_follows_the_largest_probe_size_and_the_ranks() -> None:
         "config": {"probes": [{"name": "a", "sizes": [8, "64K", "1G"]}]},
         "memory": {"ranks": 8},
     }
-    # 8 ranks x (300Mi + 2 x 1024Mi)
-    assert memory(one_gig) == ("18784Mi", "18784Mi")
-    assert memory({}) == ("18784Mi", "18784Mi"), "the default config's largest size is 1G"
+    # The limit: 8 ranks x (300Mi + 2 x 1024Mi); the request: memory.request, what the daemon
+    # holds between probes, so that the limit is not taken from every GPU node for good.
+    assert memory(one_gig) == ("1Gi", "18784Mi")
+    assert memory({}) == ("1Gi", "18784Mi"), "the default config's largest size is 1G"
+    # A size in bytes: a number, which Helm holds as a float.
+    in_bytes = {"config": {"probes": [{"name": "a", "sizes": [8, 1073741824]}]}}
+    assert memory(in_bytes) == ("1Gi", "18784Mi")
     sweep = {
         "config": {"probes": [{"name": "a", "sizes": {"min": 8, "max": "256MiB"}}]},
         "memory": {"ranks": 4, "perRankMi": 200},
     }
-    assert memory(sweep) == (f"{4 * (200 + 512)}Mi",) * 2
+    assert memory(sweep) == ("1Gi", f"{4 * (200 + 512)}Mi")
     listed = {"config": {"probes": [{"name": "a", "sizes": "8,2G"}]}, "memory": {"ranks": 2}}
-    assert memory(listed) == (f"{2 * (300 + 4096)}Mi",) * 2
-    assert memory({"memory": {"largestSize": "512M", "ranks": 1}}) == ("1324Mi", "1324Mi")
+    assert memory(listed) == ("1Gi", f"{2 * (300 + 4096)}Mi")
+    small = {"memory": {"largestSize": "512M", "ranks": 1, "request": "512Mi"}}
+    assert memory(small) == ("512Mi", "1324Mi")
     fixed = {"resources": {"requests": {"memory": "4Gi", "cpu": "1"}, "limits": {"memory": "8Gi"}}}
     resources = container(render(fixed))["resources"]
     assert resources == {"requests": {"memory": "4Gi", "cpu": "1"}, "limits": {"memory": "8Gi"}}
+    # null is empty: the chart's memory stays, the CPU request goes.
+    for empty in ({"resources": None}, {"resources": {"requests": None, "limits": None}}):
+        assert container(render(empty))["resources"] == {
+            "requests": {"memory": "1Gi"},
+            "limits": {"memory": "18784Mi"},
+        }
+    # Kubernetes refuses a request above the limit: the chart says so first.
+    with pytest.raises(helm.HelmRenderError, match=r"memory request \(2Gi.*above the limit"):
+        render({"memory": {"largestSize": "8M", "ranks": 1, "request": "2Gi"}})
 
 
 def test_the_image_tag_defaults_to_the_app_version() -> None:

@@ -1,14 +1,26 @@
-{{/* The objects' name: the release's, or release-netmon when it does not say netmon. */}}
+{{/* The chart's name: nameOverride, else "netmon". It is the app.kubernetes.io/name label, so
+the ServiceMonitor's job label too (NetmonTargetDown expects job="netmon"). */}}
+{{- define "netmon.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The objects' name: fullnameOverride, else the release's, or release-netmon when the
+release's name does not say netmon. */}}
 {{- define "netmon.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "netmon.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "netmon.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "netmon.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
@@ -20,14 +32,66 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
+{{/* REGISTRY/REPOSITORY@DIGEST, or :TAG (the appVersion when empty) without a digest. */}}
 {{- define "netmon.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- $image := .Values.image -}}
+{{- $name := $image.repository -}}
+{{- with $image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $name $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name ($image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
-{{/* netmon.yaml: .Values.config, with idle.kubelet_socket while the guard is on, and the
-sweep's secret while sweeps are on (the daemon takes a node's results sealed with it). */}}
+{{- define "netmon.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "netmon.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The one port: netmon's listen address, the containerPort, the Service's port, the probes,
+the ServiceMonitor and the sweep's daemon_port all take service.port. */}}
+{{- define "netmon.port" -}}
+{{- .Values.service.port | int -}}
+{{- end -}}
+
+{{/* HOST:PORT that netmon listens on: the host of config.listen (0.0.0.0 without one) and
+service.port. A config.listen on another port is refused rather than half-followed. */}}
+{{- define "netmon.listen" -}}
+{{- $port := include "netmon.port" . -}}
+{{- $host := "0.0.0.0" -}}
+{{- with .Values.config.listen -}}
+{{- $listen := toString . -}}
+{{- if not (regexMatch "^(\\[[0-9A-Fa-f:]+\\]|[A-Za-z0-9_.:-]*):[0-9]{1,5}$" $listen) -}}
+{{- fail (printf "config.listen: %q is not HOST:PORT like 0.0.0.0:%s" $listen $port) -}}
+{{- end -}}
+{{- $given := regexFind "[0-9]+$" $listen -}}
+{{- if ne $given $port -}}
+{{- fail (printf "config.listen (%s) and service.port (%s) name different ports: service.port sets netmon's listen port, the containerPort, the Service, the probes and the ServiceMonitor; set service.port=%s and leave the port of config.listen equal to it (or unset config.listen)" $listen $port $given) -}}
+{{- end -}}
+{{- $host = regexReplaceAll ":[0-9]+$" $listen "" | default "0.0.0.0" -}}
+{{- end -}}
+{{- printf "%s:%s" $host $port -}}
+{{- end -}}
+
+{{/* https when the web-config turns on TLS. */}}
+{{- define "netmon.scheme" -}}
+{{- ternary "https" "http" (and (not (empty .Values.webConfig.secretName)) .Values.webConfig.tls) -}}
+{{- end -}}
+
+{{- define "netmon.webConfigDir" -}}
+/etc/netmon-web
+{{- end -}}
+
+{{/* netmon.yaml: .Values.config with the listen address of service.port, idle.kubelet_socket
+while the guard is on, and the sweep's secret while sweeps are on (the daemon takes a node's
+results sealed with it). */}}
 {{- define "netmon.config" -}}
-{{- $config := deepCopy .Values.config -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- $_ := set $config "listen" (include "netmon.listen" .) -}}
 {{- if .Values.kubeletGuard.enabled -}}
 {{- $config = merge $config (dict "idle" (dict "kubelet_socket" .Values.kubeletGuard.socket)) -}}
 {{- end -}}
@@ -53,12 +117,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* The sweep's netmon.yaml: sweep.settings over what the chart sets for Kubernetes. The
-pairs' pods pull the image with the chart's imagePullSecrets, by name. */}}
+{{/* The sweep's netmon.yaml: sweep.settings over what the chart sets for Kubernetes, except the
+daemons' port, which is service.port. The pairs' pods pull the image with the chart's
+imagePullSecrets, by name. */}}
 {{- define "netmon.sweepConfig" -}}
 {{- $s := .Values.sweep -}}
+{{- $port := include "netmon.port" . | int -}}
+{{- $settings := deepCopy ($s.settings | default dict) -}}
+{{- if and (hasKey $settings "daemon_port") (ne (toString $settings.daemon_port) (toString $port)) -}}
+{{- fail (printf "sweep.settings.daemon_port (%v) differs from service.port (%d), the port every daemon listens on: remove sweep.settings.daemon_port" $settings.daemon_port $port) -}}
+{{- end -}}
 {{- $daemons := merge (fromYaml (include "netmon.selectorLabels" .)) (dict "app.kubernetes.io/component" "exporter") -}}
-{{- $kube := dict "namespace" .Release.Namespace "queue" $s.queue "priority_class" $s.priorityClass "image" (include "netmon.image" .) "image_pull_policy" .Values.image.pullPolicy "node_selector" $s.nodeSelector "tolerations" $s.tolerations "config_map" (include "netmon.fullname" .) "daemon_labels" $daemons "host_network" $s.hostNetwork "max_pairs_per_jobset" $s.maxPairsPerJobSet -}}
+{{- $kube := dict "namespace" .Release.Namespace "queue" $s.queue "priority_class" $s.priorityClass "image" (include "netmon.image" .) "image_pull_policy" .Values.image.pullPolicy "node_selector" ($s.nodeSelector | default dict) "tolerations" ($s.tolerations | default list) "config_map" (include "netmon.fullname" .) "daemon_labels" $daemons "host_network" $s.hostNetwork "max_pairs_per_jobset" $s.maxPairsPerJobSet -}}
 {{- with .Values.runtimeClassName }}{{ $_ := set $kube "runtime_class" . }}{{ end -}}
 {{- with $s.podPriorityClass.name }}{{ $_ := set $kube "pod_priority_class" . }}{{ end -}}
 {{- with $s.rdmaResource }}{{ $_ := set $kube "rdma_resource" . }}{{ end -}}
@@ -68,8 +138,9 @@ pairs' pods pull the image with the chart's imagePullSecrets, by name. */}}
 {{- $pullSecrets = append $pullSecrets .name -}}
 {{- end -}}
 {{- with $pullSecrets }}{{ $_ := set $kube "image_pull_secrets" . }}{{ end -}}
-{{- $sweep := dict "scheduler" "kubernetes" "secret_file" (include "netmon.sweepSecretFile" .) "daemon_port" .Values.service.port "state_dir" "/var/lib/netmon-sweep" "kubernetes" $kube -}}
-{{- $config := dict "state_dir" "/var/lib/netmon-sweep" "sweep" (merge (deepCopy $s.settings) $sweep) -}}
+{{- $sweep := dict "scheduler" "kubernetes" "secret_file" (include "netmon.sweepSecretFile" .) "daemon_port" $port "state_dir" "/var/lib/netmon-sweep" "kubernetes" $kube -}}
+{{- if eq (include "netmon.scheme" .) "https" }}{{ $_ := set $sweep "daemon_scheme" "https" }}{{ end -}}
+{{- $config := dict "state_dir" "/var/lib/netmon-sweep" "sweep" (merge $settings $sweep) -}}
 {{- with .Values.config.baseline }}{{ $_ := set $config "baseline" . }}{{ end -}}
 {{- with .Values.config.logging }}{{ $_ := set $config "logging" . }}{{ end -}}
 {{- toYaml $config -}}
@@ -82,9 +153,84 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* `base` with each key of `over` put in its place (not merged below the top level). Sprig's
+mergeOverwrite would keep true where the operator wrote false. */}}
+{{- define "netmon.overlay" -}}
+{{- $out := deepCopy .base -}}
+{{- range $key, $value := (.over | default dict) -}}
+{{- $_ := set $out $key $value -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* The pod's securityContext: podSecurityContext over netmon's user, group and seccomp. */}}
+{{- define "netmon.podSecurityContext" -}}
+{{- $base := dict "runAsNonRoot" true "runAsUser" 10001 "runAsGroup" 10001 "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- if or .Values.sweep.enabled .Values.webConfig.secretName -}}
+{{- /* The Secrets' files (the sweep's, the web-config's) readable by netmon's group. */ -}}
+{{- $_ := set $base "fsGroup" 10001 -}}
+{{- end -}}
+{{- $given := .Values.podSecurityContext | default dict -}}
+{{- $pod := include "netmon.overlay" (dict "base" $base "over" $given) | fromYaml -}}
+{{- if and (eq (toString $pod.runAsUser) "0") (not (hasKey $given "runAsNonRoot")) -}}
+{{- $_ := set $pod "runAsNonRoot" false -}}
+{{- end -}}
+{{- toYaml $pod -}}
+{{- end -}}
+
+{{/* The netmon container's securityContext: securityContext over the chart's (no privilege
+escalation, a read-only root filesystem, every capability dropped), and root where
+kubeletGuard.runAsRoot or rdma needs it, which securityContext cannot take away. */}}
+{{- define "netmon.securityContext" -}}
+{{- $root := include "netmon.root" . -}}
+{{- $base := dict "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) -}}
+{{- if $root -}}
+{{- $_ := set $base "runAsUser" 0 -}}
+{{- $_ := set $base "runAsNonRoot" false -}}
+{{- end -}}
+{{- $given := .Values.securityContext | default dict -}}
+{{- $container := include "netmon.overlay" (dict "base" $base "over" $given) | fromYaml -}}
+{{- if $root -}}
+{{- $why := ternary "rdma.enabled (IPC_LOCK)" "kubeletGuard.runAsRoot (the kubelet's socket is root's)" .Values.rdma.enabled -}}
+{{- if ne (toString $container.runAsUser) "0" -}}
+{{- fail (printf "securityContext.runAsUser is %v, but %s needs the netmon container to run as root (0): remove securityContext.runAsUser, or set kubeletGuard.runAsRoot=false (docs/DEPLOY.md, \"The socket is root's\")" $container.runAsUser $why) -}}
+{{- end -}}
+{{- if $container.runAsNonRoot -}}
+{{- fail (printf "securityContext.runAsNonRoot is true, but %s needs the netmon container to run as root: remove securityContext.runAsNonRoot" $why) -}}
+{{- end -}}
+{{- else if and (eq (toString $container.runAsUser) "0") (not (hasKey $given "runAsNonRoot")) -}}
+{{- $_ := set $container "runAsNonRoot" false -}}
+{{- end -}}
+{{- if .Values.rdma.enabled -}}
+{{- /* RDMA pins NCCL's buffers: IPC_LOCK, whatever capabilities securityContext sets. */ -}}
+{{- $caps := $container.capabilities | default dict -}}
+{{- $add := $caps.add | default list -}}
+{{- if not (has "IPC_LOCK" $add) -}}
+{{- $_ := set $caps "add" (append $add "IPC_LOCK") -}}
+{{- end -}}
+{{- $_ := set $container "capabilities" $caps -}}
+{{- end -}}
+{{- toYaml $container -}}
+{{- end -}}
+
+{{/* uid:gid of the netmon container, which the init container hands /var/lib/netmon to. */}}
+{{- define "netmon.owner" -}}
+{{- if include "netmon.root" . -}}
+0:0
+{{- else -}}
+{{- $pod := include "netmon.podSecurityContext" . | fromYaml -}}
+{{- $container := include "netmon.securityContext" . | fromYaml -}}
+{{- $uid := hasKey $container "runAsUser" | ternary $container.runAsUser $pod.runAsUser -}}
+{{- $gid := hasKey $container "runAsGroup" | ternary $container.runAsGroup $pod.runAsGroup -}}
+{{- printf "%v:%v" $uid ($gid | default 0) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Bytes in a netmon size: 8, "64K", "1G", "1GiB" (binary multiples, as netmon.bandwidth). */}}
 {{- define "netmon.bytes" -}}
-{{- $text := toString . | trim | upper | trimSuffix "B" | trimSuffix "I" -}}
+{{- /* Numbers from a values file are float64 to Helm: 1073741824 would print as 1.073741824e+09. */ -}}
+{{- $given := kindIs "float64" . | ternary (printf "%.0f" .) (toString .) -}}
+{{- $text := $given | trim | upper | trimSuffix "B" | trimSuffix "I" -}}
 {{- if not (regexMatch "^[0-9]+[KMGT]?$" $text) -}}
 {{- fail (printf "memory: cannot read the size %q; set memory.largestSize" (toString .)) -}}
 {{- end -}}
@@ -92,6 +238,17 @@ true
 {{- $unit := regexFind "[KMGT]$" $text -}}
 {{- $number := trimSuffix $unit $text | atoi -}}
 {{- mul $number (get $units $unit | default 1) -}}
+{{- end -}}
+
+{{/* Bytes in a Kubernetes quantity of whole units (512Mi, 1G, 1073741824), or "" for one it
+does not read (1.5Gi, 100m): only a quantity read here is compared. */}}
+{{- define "netmon.quantityBytes" -}}
+{{- $text := toString . | trim -}}
+{{- if regexMatch "^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$" $text -}}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $unit := regexFind "(Ki|Mi|Gi|Ti|k|M|G|T)$" $text -}}
+{{- mul (trimSuffix $unit $text | atoi) (get $units $unit | default 1) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The largest size of config.probes in bytes, or memory.largestSize. */}}
@@ -126,10 +283,27 @@ true
 {{- printf "%dMi" (mul .Values.memory.ranks (add .Values.memory.perRankMi (mul 2 $largestMi))) -}}
 {{- end -}}
 
+{{/* The netmon container's resources: the memory request is memory.request (what the daemon
+holds between probes), the limit the computed figure (what a probe holds at its largest size);
+resources.requests.memory and resources.limits.memory win. null is empty. */}}
+{{- define "netmon.resources" -}}
+{{- $resources := .Values.resources | default dict -}}
+{{- $requests := deepCopy ($resources.requests | default dict) -}}
+{{- $limits := deepCopy ($resources.limits | default dict) -}}
+{{- if not $requests.memory }}{{ $_ := set $requests "memory" .Values.memory.request }}{{ end -}}
+{{- if not $limits.memory }}{{ $_ := set $limits "memory" (include "netmon.memory" .) }}{{ end -}}
+{{- $request := include "netmon.quantityBytes" $requests.memory -}}
+{{- $limit := include "netmon.quantityBytes" $limits.memory -}}
+{{- if and $request $limit (gt ($request | atoi) ($limit | atoi)) -}}
+{{- fail (printf "the memory request (%v, memory.request or resources.requests.memory) is above the limit (%v, computed from memory.* or resources.limits.memory): Kubernetes refuses such a pod; lower the request or raise the limit" $requests.memory $limits.memory) -}}
+{{- end -}}
+{{- toYaml (dict "requests" $requests "limits" $limits) -}}
+{{- end -}}
+
 {{/* sweep.settings.deadline in seconds (netmon's default: 1800): a number, or a duration as
 netmon reads it ("90s", "30m", "1h"). */}}
 {{- define "netmon.sweepDeadline" -}}
-{{- $value := .Values.sweep.settings.deadline | default 1800 -}}
+{{- $value := (.Values.sweep.settings | default dict).deadline | default 1800 -}}
 {{- $text := toString $value | trim | lower -}}
 {{- if not (regexMatch "^[0-9]+(\\.[0-9]+)?(ms|s|m|h|d)?$" $text) -}}
 {{- fail (printf "sweep.settings.deadline: cannot read the duration %q" (toString $value)) -}}
@@ -137,4 +311,54 @@ netmon reads it ("90s", "30m", "1h"). */}}
 {{- $units := dict "ms" 0.001 "s" 1 "m" 60 "h" 3600 "d" 86400 -}}
 {{- $unit := regexFind "(ms|s|m|h|d)$" $text | default "s" -}}
 {{- mulf (trimSuffix $unit $text | float64) (get $units $unit) | ceil | int64 -}}
+{{- end -}}
+
+{{/* What the chart refuses to render, each with the value to set. */}}
+{{- define "netmon.validate" -}}
+{{- $port := include "netmon.port" . -}}
+{{- if .Values.rdma.enabled -}}
+{{- $group := .Values.config.group -}}
+{{- $fix := printf "set config.group with name, members (each node as NODE_NAME:%d, e.g. [gpu-a1:%d, gpu-a2:%d]), secret_file: /var/run/secrets/netmon/secret (the Secret rdma.secretName, key \"secret\") and transport: ib, as docs/DEPLOY.md, \"The RDMA variant\" shows" (int .Values.rdma.port) (int .Values.rdma.port) (int .Values.rdma.port) -}}
+{{- if not (kindIs "map" $group) -}}
+{{- fail (printf "rdma.enabled needs config.group, the node group the pods probe across: %s" $fix) -}}
+{{- end -}}
+{{- range $key := list "name" "members" "secret_file" -}}
+{{- if not (get $group $key) -}}
+{{- fail (printf "rdma.enabled: config.group.%s is not set: %s" $key $fix) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (hasPrefix "/var/run/secrets/netmon/" (toString $group.secret_file)) -}}
+{{- fail (printf "config.group.secret_file (%s) is outside /var/run/secrets/netmon, where the Secret rdma.secretName is mounted: use /var/run/secrets/netmon/secret" $group.secret_file) -}}
+{{- end -}}
+{{- $members := $group.members -}}
+{{- if kindIs "string" $members }}{{ $members = splitList "," $members }}{{ end -}}
+{{- range $members -}}
+{{- if not (hasSuffix (printf ":%d" (int $.Values.rdma.port)) (trim (toString .))) -}}
+{{- fail (printf "config.group.members: %s is not on rdma.port (%d): each pod names itself NODE_NAME:%d (NETMON_GROUP__SELF), so every member must use that port" (toString .) (int $.Values.rdma.port) (int $.Values.rdma.port)) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq (toString (int .Values.rdma.port)) $port -}}
+{{- fail (printf "rdma.port and service.port are both %s: give the group's member port another one" $port) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.extraArgs -}}
+{{- if or (eq (toString .) "--listen") (hasPrefix "--listen=" (toString .)) -}}
+{{- fail "extraArgs: --listen would move netmon off service.port: set service.port instead" -}}
+{{- end -}}
+{{- if or (eq (toString .) "--web-config") (hasPrefix "--web-config=" (toString .)) (eq (toString .) "--config") (hasPrefix "--config=" (toString .)) -}}
+{{- fail (printf "extraArgs: %s is the chart's: use webConfig.secretName for --web-config and config for --config" (toString .)) -}}
+{{- end -}}
+{{- end -}}
+{{- range .Values.extraEnv -}}
+{{- if eq (toString .name) "NETMON_LISTEN" -}}
+{{- fail "extraEnv: NETMON_LISTEN would move netmon off service.port: set service.port instead" -}}
+{{- end -}}
+{{- end -}}
+{{- $web := .Values.webConfig -}}
+{{- if and (not $web.secretName) (or $web.tls $web.requireClientCert) -}}
+{{- fail "webConfig.tls and webConfig.requireClientCert describe the web-config file in webConfig.secretName: set webConfig.secretName" -}}
+{{- end -}}
+{{- if and $web.requireClientCert (not $web.tls) -}}
+{{- fail "webConfig.requireClientCert needs webConfig.tls: client certificates come with tls_server_config" -}}
+{{- end -}}
 {{- end -}}
