@@ -11,7 +11,17 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from netmon.cli import report, table
+from netmon.config import NetmonConfig, ProbeConfig
+from netmon.probe.build import build_spec
+from netmon.probe.spec import ProbeEnvironment, ProbeFailure, ProbeOutcome, SizeResult
+
 NETMON = [sys.executable, "-m", "netmon"]
+# The probe table's columns: by default, and with --wide.
+COLUMNS = ["size", "count", "type", "chunks", "time", "algbw", "busbw", "p10", "p90", "cv"]
+COLUMNS += ["check"]
+WIDE = ["size", "count", "type", "chunks", "time", "algbw", "busbw", "min", "p10", "p90", "max"]
+WIDE += ["cv", "n", "check"]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -57,9 +67,10 @@ def test_acceptance_command_prints_one_json_document() -> None:
 
 def test_rank_stat_mean_is_named_in_the_table_and_every_ranks_median_is_in_the_json() -> None:
     common = ("probe", "--backend", "gloo", "--ranks", "3", "--sizes", "1K", "-n", "3", "-w", "1")
-    table = run(*common, "--rank-stat", "mean")
-    assert table.returncode == 0, table.stderr
-    assert "(mean over ranks)" in table.stdout.splitlines()[0]
+    done = run(*common, "--rank-stat", "mean")
+    assert done.returncode == 0, done.stderr
+    # The heading's second line says how a size was timed (one line with --wide).
+    assert done.stdout.splitlines()[1].endswith("(mean over ranks)")
     doc = json.loads(run(*common, "--json").stdout)
     assert len(doc["results"][0]["rank_medians_s"]) == 3
     wrong = run(*common, "--rank-stat", "median")
@@ -67,16 +78,105 @@ def test_rank_stat_mean_is_named_in_the_table_and_every_ranks_median_is_in_the_j
 
 
 def test_table_looks_like_nccl_tests() -> None:
-    done = run("probe", "--backend", "gloo", "--sizes", "1K,4K", "-n", "3", "-w", "1", "-c")
+    common = ("probe", "--backend", "gloo", "--sizes", "1K,4K", "-n", "3", "-w", "1", "-c")
+    done = run(*common)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     header = next(line for line in lines if "algbw" in line)
-    for column in ("size", "count", "type", "time", "algbw", "busbw", "p10", "p90", "cv"):
-        assert column in header
+    assert header.split() == ["#", *COLUMNS]
     rows = [line.split() for line in lines if not line.startswith("#") and line.strip()]
     assert [row[0] for row in rows] == ["1024", "4096"]
     assert all(row[2] == "float" and row[-1] == "ok" for row in rows)
     assert "Avg bus bandwidth" in done.stdout
+    assert max(len(line) for line in lines) <= table.WIDTH
+    wide = run(*common, "--wide", "-q")
+    assert wide.returncode == 0, wide.stderr
+    header = next(line for line in wide.stdout.splitlines() if "algbw" in line)
+    assert header.split() == ["#", *WIDE]
+    rows = [line.split() for line in wide.stdout.splitlines() if not line.startswith("#")]
+    assert [row[12] for row in rows if row] == ["3", "3"]  # n: the samples of each size
+
+
+# ---- the tables from made-up outcomes: long cells, the 120 columns and --wide ----
+
+
+def made_up_outcome(failed: bool = False) -> ProbeOutcome:
+    """An 8-GPU NCCL probe's outcome, with each GPU named by UUID and a long failure."""
+    node = NetmonConfig(backend="nccl", devices=[str(i) for i in range(8)])
+    spec = build_spec(ProbeConfig(name="cli", op="reduce_scatter", sizes=[8, 1 << 30]), node)
+    uuids = tuple(f"GPU-{i}a3c5e7f-1b2d-4f6a-8c9e-0123456789ab" for i in range(8))
+    environment = ProbeEnvironment(
+        netmon="0.1.0",
+        torch="2.13.0",
+        backend="nccl",
+        nccl="2.27.5",
+        ranks=8,
+        host="dgx-h100-node-0042.cluster.example.org",
+        devices=uuids,
+    )
+    results = tuple(
+        SizeResult(
+            op="reduce_scatter",
+            size_bytes=size,
+            count=size // 4,
+            dtype="float32",
+            chunks=1,
+            time_s=time_s,
+            min_s=time_s * 0.9,
+            p10_s=time_s,
+            p90_s=time_s * 1.1,
+            max_s=time_s * 1.5,
+            cv=0.02,
+            samples=20,
+            algbw_bytes_per_second=size / time_s,
+            busbw_bytes_per_second=size / time_s * 7 / 8,
+            bus_factor=7 / 8,
+        )
+        for size, time_s in ((8, 21.3e-6), (1 << 30, 12345.678e-3))
+    )
+    failure = ProbeFailure(
+        phase="measure",
+        rank=5,
+        cause="exception",
+        detail="RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error "
+        "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.5; last error: socket "
+        "connect to 10.0.0.17<43211> failed: connection refused",
+    )
+    return ProbeOutcome(
+        spec=spec,
+        results=results,
+        started_at=0.0,
+        wall_s=30.0,
+        collective_s=24.7,
+        environment=environment,
+        failure=failure if failed else None,
+    )
+
+
+def test_the_table_fits_120_columns_and_wide_shows_every_column_on_one_line() -> None:
+    outcome = made_up_outcome(failed=True)
+    assert outcome.environment is not None
+    uuids = outcome.environment.devices
+    lines = report.table(outcome).splitlines()
+    assert max(len(line) for line in lines) <= table.WIDTH, lines
+    assert next(line for line in lines if "algbw" in line).split()[1:] == COLUMNS
+    # Every device and the whole failure are still there, wrapped into "#" lines.
+    text = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    assert all(uuid in text.split(", ") for uuid in uuids[1:-1])
+    assert "connect to 10.0.0.17<43211> failed: connection refused" in text
+    assert lines[0].startswith("# netmon probe: reduce_scatter, path default, backend nccl")
+    assert lines[1].startswith("# timing batched x5, warmup 5, 20 samples per size")
+    wide = report.table(outcome, wide=True).splitlines()
+    assert wide[0].endswith(
+        ", float32, timing batched x5, warmup 5, 20 samples per size (max over ranks)"
+    )
+    header = next(line for line in wide if "algbw" in line).split()
+    assert header[1:] == WIDE
+    assert any(",".join(uuids) in line for line in wide)
+    assert wide[-1].startswith("# FAILED: ") and "connection refused" in wide[-1]
+    row = next(line for line in wide if line.strip().startswith("1073741824")).split()
+    assert row[7:9] == ["11111110.20", "12345678.00"]  # min and p10, in us
+    assert max(len(line) for line in wide) > table.WIDTH
 
 
 def test_default_backend_is_announced_on_stderr() -> None:

@@ -52,3 +52,19 @@ def test_errors_are_one_line() -> None:
         done = topo(*args)
         assert done.returncode == 2
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_the_table_fits_120_columns_unless_wide() -> None:
+    # 8 GPUs beside 9 NICs: 135 columns as nvidia-smi prints it.
+    fixture = str(FIXTURES / "topo_8xH100_nv18_9nic_TRUNCATED.txt")
+    narrow, wide = topo("--from-file", fixture), topo("--from-file", fixture, "--wide")
+    assert narrow.returncode == wide.returncode == 0, narrow.stderr + wide.stderr
+    assert max(map(len, narrow.stdout.splitlines())) <= 120
+    assert "GPU to NIC paths:" in narrow.stdout
+    # --wide: one matrix, GPUs and NICs side by side, as nvidia-smi prints it.
+    heading = wide.stdout.splitlines()[0].split()
+    assert heading[7:10] == ["GPU7", "NIC0", "NIC1"] and heading[-5:-4] == ["NIC8"]
+    assert max(map(len, wide.stdout.splitlines())) > 120
+    assert "GPU to NIC paths:" not in wide.stdout
+    # Every path of the wide matrix is in the narrow tables: nothing is lost by fitting.
+    assert set(wide.stdout.split()) <= set(narrow.stdout.split())

@@ -4,6 +4,7 @@ nccl-tests tables, the judgments and the two renderings of the report."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from netmon.bandwidth import OPS
-from netmon.cli import selftest_command
+from netmon.cli import selftest_command, table
 from netmon.cli.main import main
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.probe import nccl_tests
@@ -127,20 +128,36 @@ def test_the_json_report_matches_the_table(
 ) -> None:
     done, document = gloo_run
     lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= table.WIDTH
     header = next(line for line in lines if line.startswith("CHECK"))
     start = lines.index(header) + 1
-    table = lines[start : start + len(document["rows"])]
-    result_at, measured_at = header.index("RESULT"), header.index("MEASURED")
-    for line, row in zip(table, document["rows"], strict=True):
-        assert line[:result_at].rstrip() == row["name"]
-        assert line[result_at:measured_at].strip() == row["status"]
-        assert row["detail"] in line
+    shown = table_rows(lines[start : lines.index("", start)], header)
+    for cells, row in zip(shown, document["rows"], strict=True):
+        assert cells["CHECK"] == row["name"]
+        assert cells["RESULT"] == row["status"]
+        assert (cells["MEASURED"], cells["DETAIL"]) == (row["measured"], row["detail"])
     assert (
         lines[-1]
         == f"PASS: {document['counts']['PASS']} PASS, 0 FAIL, {document['counts']['SKIP']} SKIP"
     )
     # Progress went to stderr, one line per row.
     assert done.stderr.count("netmon: selftest: ") == len(document["rows"])
+
+
+def table_rows(lines: list[str], header: str) -> list[dict[str, str]]:
+    """The report's rows from the table's lines: a row starts where CHECK has a name; the lines
+    under it continue its wrapped cells, whose pieces are joined again with spaces."""
+    names = header.split()
+    starts = [header.index(name) for name in names]
+    rows: list[dict[str, list[str]]] = []
+    for line in lines:
+        cells = [line[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)]
+        if cells[0]:
+            rows.append({name: [] for name in names})
+        for name, cell in zip(names, cells, strict=True):
+            if cell:
+                rows[-1][name].append(cell)
+    return [{name: " ".join(parts) for name, parts in row.items()} for row in rows]
 
 
 # ---- usage errors and exit codes ----
@@ -630,7 +647,7 @@ def test_the_table_is_aligned_and_ends_with_the_verdict() -> None:
         == "netmon selftest: nccl, 8 ranks on 0, 1, sizes 64M,1G (torch 2.13.0, NCCL 2.27.5)"
     )
     header = lines[2]
-    assert header.split() == ["CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL"]
+    assert header.split() == ["CHECK", "RESULT", "MEASURED", "DETAIL"]
     for line in lines[3:6]:
         assert line[header.index("RESULT") - 2 : header.index("RESULT")] == "  "
         assert line[header.index("RESULT") :].split()[0] in ("PASS", "FAIL", "SKIP")
@@ -640,6 +657,71 @@ def test_the_table_is_aligned_and_ends_with_the_verdict() -> None:
         ["64M", "380.00", "374.58", "1.014"],
         ["1G", "470.00", "-", "-"],
     ]
+    wide = report.table(made_up_report(error=None), wide=True).splitlines()
+    assert wide[2].split() == ["CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL"]
+    assert wide[4].split("  ")[-1] == "too slow" and "<= 1.5 s" in wide[4]
+
+
+LONG_DETAIL = (
+    "stopped as preempted; timed from a sleep process (PID 10395) that a stand-in for NVML lists "
+    "on GPU 0 until every rank was gone; 2 ranks forked by the rank zygote, 8 by spawn, and the "
+    "last one took 1.4 s to leave"
+)
+
+
+def long_report() -> report.Report:
+    """A report with every free-text cell longer than its column, and 8 GPUs named by UUID."""
+    rows = (
+        Row("drill", "drill preemption (simulated)", "FAIL", "1.60 s", "<= 1.5 s", LONG_DETAIL),
+        Row(
+            "noise",
+            "verdict noise",
+            "PASS",
+            "32M: spread 0.0%, low under 80%, 64M: spread 0.0%, low under 80%",
+            "a spread under 5% at every size over 5 runs",
+            "each size judged against the median of 5 runs; the line is 80% of it",
+        ),
+        Row("pinning", "pinning", "SKIP", detail="no GPU: CPU ranks (gloo) open none"),
+    )
+    uuids = tuple(f"GPU-{i}0000000-0000-0000-0000-000000000000" for i in range(8))
+    return dataclasses.replace(
+        made_up_report(error="drill: OSError: " + "x" * 150),
+        rows=rows,
+        devices=uuids,
+        simulated="/var/lib/netmon/simulated/" + "dgx-h100-" * 12 + "node.json",
+    )
+
+
+def test_the_table_fits_120_columns_with_long_cells_and_wide_keeps_each_row_on_one_line() -> None:
+    done = long_report()
+    lines = report.table(done).splitlines()
+    assert max(len(line) for line in lines) <= table.WIDTH, lines
+    header = next(line for line in lines if line.startswith("CHECK"))
+    start = lines.index(header) + 1
+    shown = table_rows(lines[start : lines.index("", start)], header)
+    assert [(r["CHECK"], r["MEASURED"], r["DETAIL"]) for r in shown] == [
+        (row.name, row.measured, row.detail) for row in done.rows
+    ]
+    assert len(lines[start : lines.index("", start)]) > len(done.rows)  # some cells wrapped
+    wide = report.table(done, wide=True).splitlines()
+    header = next(line for line in wide if line.startswith("CHECK"))
+    assert header.split() == ["CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL"]
+    start = wide.index(header) + 1
+    assert [line.split("  ")[0] for line in wide[start : start + 3]] == [
+        row.name for row in done.rows
+    ]
+    assert wide[start].endswith(LONG_DETAIL) and "a spread under 5%" in wide[start + 1]
+    assert max(len(line) for line in wide) > table.WIDTH
+
+
+def test_wide_reaches_the_table_from_the_command_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(selftest_command, "run_selftest", lambda plan, progress: long_report())
+    code, out, _ = run_main(["selftest", "--backend", "gloo"], capsys)
+    assert code == 3 and max(len(line) for line in out.splitlines()) <= table.WIDTH
+    code, out, _ = run_main(["selftest", "--backend", "gloo", "--wide"], capsys)
+    assert code == 3 and any(line.endswith(LONG_DETAIL) for line in out.splitlines())
 
 
 def test_the_json_document() -> None:

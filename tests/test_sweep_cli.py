@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from netmon.cli import sweep_command, table
 
 
 def _sweep(
@@ -57,3 +60,59 @@ def test_no_controller_is_exit_3_with_a_json_error(tmp_path: Path) -> None:
     assert report["error"] and report["rounds"] == 0 and report["suspects"] == []
     assert {"pairs", "results", "skips", "undecided"} <= set(report)
     assert "could not run" in done.stderr
+
+
+def _whole() -> dict[str, Any]:
+    """A sweep's report as the runner makes it (netmon.sweep.report.whole), with long node
+    names, a long detail and a long note."""
+    nodes = [
+        f"gpu-h100-rack{r:02d}-node{n:03d}.cluster.example.org" for r in (1, 2) for n in (7, 8)
+    ]
+    failed = "srun exit 1 (rank 0 on the second node): " + "NCCL WARN NET/IB : Got completion " * 4
+    pairs = [
+        {"round": 1, "nodes": nodes[:2], "outcome": "ok", "busbw": 48.2e9, "detail": ""},
+        {"round": 1, "nodes": nodes[2:], "outcome": "error", "busbw": None, "detail": failed},
+        {
+            "round": 2,
+            "nodes": [nodes[0], nodes[3]],
+            "outcome": "low",
+            "busbw": 12.5e9,
+            "detail": "",
+        },
+    ]
+    return {
+        "sweep": "sweep-20260101-000000-abcd",
+        "nodes": nodes,
+        "rounds": 2,
+        "wall_seconds": 812.4,
+        "pairs": pairs,
+        "suspects": [{"kind": "node", "node": nodes[3], "rails": [0, 1, 2, 3, 4, 5, 6, 7]}],
+        "undecided_uplinks": [],
+        "notes": ["not delivered to the daemons: sweep.secret_file is not set; " * 3],
+    }
+
+
+def test_the_human_report_fits_120_columns_and_wide_keeps_each_pair_on_one_line() -> None:
+    whole = _whole()
+    pairs = whole["pairs"]
+    lines = sweep_command.human(whole).splitlines()
+    assert max(len(line) for line in lines) <= table.WIDTH, lines
+    assert lines[1].split() == ["round", "pair", "outcome", "busbw", "GB/s", "detail"]
+    # Nothing is cut: the wrapped pieces of each cell are all there, in their column.
+    at = lines[1].index("detail")
+    table_lines = lines[2 : next(n for n, line in enumerate(lines) if line.startswith("SUSPECT"))]
+    assert [line.split()[0] for line in table_lines if line[:5].strip()] == ["1", "1", "2"]
+    assert len(table_lines) > 3  # the long cells wrapped
+    detail = " ".join(line[at:] for line in table_lines if line[at:])
+    assert detail == pairs[1]["detail"].strip()
+    nodes = whole["nodes"]
+    assert f"  {nodes[0]} -  " in lines[2] and lines[3].strip() == nodes[1]
+    note = next(n for n, line in enumerate(lines) if line.startswith("note: "))
+    assert lines[note + 1].startswith("  ") and len(lines) == note + 2  # the note, wrapped once
+    wide = sweep_command.human(whole, wide=True).splitlines()
+    for line, pair in zip(wide[2:5], pairs, strict=True):
+        assert " - ".join(pair["nodes"]) in line
+        busbw = f"{pair['busbw'] / 1e9:.3f}" if pair["busbw"] else "-"
+        assert line.rstrip().endswith(f"{busbw}  {pair['detail']}".rstrip())
+    assert wide[5] == f"SUSPECT {nodes[3]}, rails [0, 1, 2, 3, 4, 5, 6, 7]"
+    assert max(len(line) for line in wide) > table.WIDTH

@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -24,10 +24,58 @@ from netmon.cli import (
 )
 from netmon.errors import UsageError
 
+# The top-level help, written for a user (the module docstring is for the code's reader).
+DESCRIPTION = (
+    "netmon measures GPU interconnects with collective probes (algbw and busbw as nccl-tests\n"
+    "defines them), as a one-shot command or as a daemon that probes idle GPUs on a schedule and\n"
+    "exports the results to Prometheus. Without a GPU it runs on CPU ranks with gloo."
+)
+EPILOG = """examples:
+  netmon probe --op all_reduce --sizes 8,64K,16M   one sweep, printed as nccl-tests prints it
+  netmon probe --min-busbw 150G                    a health gate: exit 1 if the largest size's
+                                                   busbw is under 150 GB/s
+  netmon selftest                                  a GPU node's acceptance checks
+  netmon serve --config netmon.yaml                the daemon: /metrics on 127.0.0.1:19464
+
+Each command's flags: netmon COMMAND --help. Exit codes: 0 ok; 1 unhealthy (a health gate,
+a selftest check or a sweep's suspect); 2 a usage or configuration error; 3 could not run.
+Documentation: README.md and docs/ in netmon's source tree."""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """The commands listed at the options' indent, one line each, without argparse's metavar line
+    above them (which also puts the help column too far left for `check-config`)."""
+
+    def _iter_indented_subactions(
+        self, action: argparse.Action
+    ) -> Generator[argparse.Action, None, None]:
+        if action.nargs == argparse.PARSER:
+            yield from action._get_subactions()  # type: ignore[attr-defined]
+        else:
+            yield from super()._iter_indented_subactions(action)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        text = super()._format_action(action)
+        return text.split("\n", 1)[1] if action.nargs == argparse.PARSER else text
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"netmon: {message} (see netmon {self.prog.split()[-1]} --help)\n")
+        # prog is "netmon" or "netmon probe": the hint names the help of the command at fault.
+        self.exit(EXIT_USAGE, f"netmon: {message} (see {self.prog} --help)\n")
+
+
+class _CommandParser(_Parser):
+    """A command's parser says itself which of its arguments it does not know, so that the hint
+    names the command's help rather than netmon's."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
 
 
 def _add_daemon_parsers(commands: Any) -> None:
@@ -64,6 +112,8 @@ def _add_daemon_parsers(commands: Any) -> None:
     check = commands.add_parser(
         "check-config",
         help="validate a configuration and print the effective one",
+        description="Validate a YAML configuration (or the embedded default) and print the "
+        "configuration the daemon would run with, defaults filled in.",
     )
     check.add_argument("file", type=Path, nargs="?", help="YAML file (default: embedded)")
     check.set_defaults(handler=_cmd_check_config)
@@ -153,13 +203,25 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="netmon", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = _Parser(
+        prog="netmon",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=_Help,
+    )
     parser.add_argument("--version", action="version", version=f"netmon {netmon.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = parser.add_subparsers(
+        title="commands",
+        metavar="COMMAND",
+        dest="command",
+        required=True,
+        parser_class=_CommandParser,
+    )
+    # In the help's order: one node's commands first, then the daemon's, then the cluster's.
     probe_command.add_parser(commands)
-    _add_daemon_parsers(commands)
-    topo_command.add_parser(commands)
     selftest_command.add_parser(commands)
+    topo_command.add_parser(commands)
+    _add_daemon_parsers(commands)
     rebaseline_command.add_parser(commands)
     sweep_command.add_parser(commands)
     for name in SIMULATED_COMMANDS:
@@ -195,7 +257,14 @@ def _simulate(path: Path | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        # As argparse does for a missing argument: the usage, then one line, exit 2.
+        parser.print_usage(sys.stderr)
+        print("netmon: give a command (netmon --help lists them)", file=sys.stderr)
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
     try:
         _simulate(getattr(args, "simulate", None))
         return int(args.handler(args))

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from netmon import bandwidth
-from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report
+from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report, table
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import UsageError, describe_validation_error
 from netmon.probe.build import SpecError, build_spec
@@ -140,6 +140,7 @@ def add_parser(commands: Any) -> None:
         "--name", default="cli", help="the probe label in --textfile output (default cli)"
     )
     probe.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    table.add_wide_flag(probe)
     probe.add_argument(
         "--host",
         default="127.0.0.1",
@@ -403,7 +404,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.json_document(outcomes), indent=2))
     else:
-        print("\n\n".join(report.table(outcome) for outcome in outcomes))
+        print("\n\n".join(report.table(outcome, args.wide) for outcome in outcomes))
     failed = [o for o in outcomes if o.failure is not None]
     for outcome in failed:
         assert outcome.failure is not None
@@ -482,7 +483,7 @@ def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[Probe
     if args.json:
         print(json.dumps(report.pairs_document(results, verdict, rounds), indent=2))
     else:
-        print(report.pairs_table(results, verdict))
+        print(report.pairs_table(results, verdict, args.wide))
     failed = [item for item in results if not item.outcome.ok]
     for item in failed:
         assert item.outcome.failure is not None

@@ -7,6 +7,7 @@ from typing import Any
 
 from netmon import sim
 from netmon.bandwidth import DTYPE_SHORT
+from netmon.cli.table import comment
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict
@@ -14,31 +15,36 @@ from netmon.probe.verdict import LinkVerdict
 GB = 1e9
 US = 1e6
 
+# (name, unit, width, wide only). By default the columns of nccl-tests' table plus chunks and the
+# spread (p10, p90, cv), within table.WIDTH; --wide adds min, max and the sample count (the
+# heading says how many samples each size was asked for).
 _COLUMNS = (
-    ("size", "(B)", 12),
-    ("count", "(elements)", 12),
-    ("type", "", 8),
-    ("chunks", "", 6),
-    ("time", "(us)", 10),
-    ("algbw", "(GB/s)", 9),
-    ("busbw", "(GB/s)", 9),
-    ("min", "(us)", 10),
-    ("p10", "(us)", 10),
-    ("p90", "(us)", 10),
-    ("max", "(us)", 10),
-    ("cv", "(%)", 6),
-    ("n", "", 4),
-    ("check", "", 6),
+    ("size", "(B)", 12, False),
+    ("count", "(elements)", 12, False),
+    ("type", "", 8, False),
+    ("chunks", "", 6, False),
+    ("time", "(us)", 10, False),
+    ("algbw", "(GB/s)", 9, False),
+    ("busbw", "(GB/s)", 9, False),
+    ("min", "(us)", 10, True),
+    ("p10", "(us)", 10, False),
+    ("p90", "(us)", 10, False),
+    ("max", "(us)", 10, True),
+    ("cv", "(%)", 6, False),
+    ("n", "", 4, True),
+    ("check", "", 6, False),
 )
 
 
-def _row(values: Sequence[str]) -> str:
+def _row(values: Sequence[str], wide: bool) -> str:
     return " ".join(
-        f"{value:>{width}}" for value, (_, _, width) in zip(values, _COLUMNS, strict=False)
+        f"{value:>{width}}"
+        for value, (_, _, width, extra) in zip(values, _COLUMNS, strict=True)
+        if wide or not extra
     )
 
 
-def _result_row(result: SizeResult) -> str:
+def _result_row(result: SizeResult, wide: bool) -> str:
     check = {None: "-", True: "ok", False: "WRONG"}[result.check_ok]
     return _row(
         [
@@ -56,31 +62,42 @@ def _result_row(result: SizeResult) -> str:
             f"{result.cv * 100:.1f}",
             str(result.samples),
             check,
-        ]
+        ],
+        wide,
     )
 
 
-def table(outcome: ProbeOutcome) -> str:
+def table(outcome: ProbeOutcome, wide: bool = False) -> str:
+    """nccl-tests' layout: comment lines, then one right-aligned row per size. Fits table.WIDTH
+    columns unless `wide` (every column, every comment on one line)."""
     spec = outcome.spec
     env = outcome.environment
     timing = f"batched x{spec.batch}" if spec.timing == "batched" else "per_op"
-    lines = [
-        f"# netmon probe: {spec.op}, path {spec.path}, backend {spec.backend}, {spec.ranks} ranks, "
-        f"{spec.dtype}, "
+    what = (
+        f"netmon probe: {spec.op}, path {spec.path}, backend {spec.backend}, {spec.ranks} ranks, "
+        f"{spec.dtype}"
+    )
+    how = (
         f"timing {timing}, warmup {spec.warmup}, {spec.iters} samples per size "
-        f"({spec.rank_stat} over ranks)",
-    ]
+        f"({spec.rank_stat} over ranks)"
+    )
+    # Two lines by default: one line would pass table.WIDTH with any op name.
+    lines = [f"# {what}, {how}"] if wide else [f"# {what}", f"# {how}"]
     if env is not None:
-        lines.append(
-            f"# host {env.host}, torch {env.torch or '?'}, nccl {env.nccl or '-'}, "
-            f"devices {','.join(env.devices) or 'cpu'}"
+        lines += comment(
+            f"host {env.host}, torch {env.torch or '?'}, nccl {env.nccl or '-'}, "
+            # ", " lets a list of GPU UUIDs wrap between two of them.
+            f"devices {(',' if wide else ', ').join(env.devices) or 'cpu'}",
+            wide,
         )
     node = sim.active()
     if node is not None:
-        lines.append(f"# SIMULATED node {node.path}: gloo on CPU ranks, no figure measures a GPU")
-    lines.append("#" + _row([name for name, _, _ in _COLUMNS])[1:])
-    lines.append("#" + _row([unit for _, unit, _ in _COLUMNS])[1:])
-    lines.extend(_result_row(result) for result in outcome.results)
+        lines += comment(
+            f"SIMULATED node {node.path}: gloo on CPU ranks, no figure measures a GPU", wide
+        )
+    lines.append("#" + _row([name for name, _, _, _ in _COLUMNS], wide)[1:])
+    lines.append("#" + _row([unit for _, unit, _, _ in _COLUMNS], wide)[1:])
+    lines.extend(_result_row(result, wide) for result in outcome.results)
     if outcome.results:
         average = sum(r.busbw_bytes_per_second for r in outcome.results) / len(outcome.results)
         lines.append(f"# Avg bus bandwidth    : {average / GB:.4f} GB/s")
@@ -88,7 +105,7 @@ def table(outcome: ProbeOutcome) -> str:
         f"# wall {outcome.wall_s:.2f} s, inside timed collectives {outcome.collective_s:.2f} s"
     )
     if outcome.failure is not None:
-        lines.append(f"# FAILED: {outcome.failure.describe()}")
+        lines += comment(f"FAILED: {outcome.failure.describe()}", wide)
     return "\n".join(lines)
 
 
@@ -128,7 +145,7 @@ def _largest(outcome: ProbeOutcome) -> SizeResult | None:
     return max(outcome.results, key=lambda r: r.size_bytes, default=None)
 
 
-def pairs_table(results: Sequence[PairOutcome], verdict: LinkVerdict) -> str:
+def pairs_table(results: Sequence[PairOutcome], verdict: LinkVerdict, wide: bool = False) -> str:
     lines = [
         "# netmon pair probes: busbw at the largest size, against the median of the "
         "pair's path class",
@@ -150,7 +167,7 @@ def pairs_table(results: Sequence[PairOutcome], verdict: LinkVerdict) -> str:
             f"{largest.size_bytes:>10} {largest.busbw_bytes_per_second / GB:>12.3f} "
             f"{median:>10} {ratio:>6}  {mark}"
         )
-    lines.append(f"# {verdict.describe()}")
+    lines += comment(verdict.describe(), wide)
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from netmon.bandwidth import OPS
-from netmon.cli import EXIT_PROBE_FAILED
+from netmon.cli import EXIT_PROBE_FAILED, table
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import UsageError, describe_validation_error
 from netmon.probe.build import SpecError
@@ -40,8 +40,7 @@ _FLAGS = {
 def add_parser(commands: Any) -> None:
     selftest = commands.add_parser(
         "selftest",
-        help="check what netmon could not check without a GPU: ops, paths, nccl-tests, "
-        "preemption, memory, pinning",
+        help="a GPU node's acceptance checks: ops, paths, nccl-tests, preemption, memory, pinning",
         description="Run every op and path with correctness checks, compare with nccl-tests' "
         "all_reduce_perf, time a preemption drill, hold each rank's memory against its budget, "
         "and check GPU pinning. See docs/GPU-ACCEPTANCE.md.",
@@ -77,6 +76,7 @@ def add_parser(commands: Any) -> None:
         "--report", type=Path, metavar="FILE", help="also write the JSON report to FILE"
     )
     selftest.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    table.add_wide_flag(selftest)
     selftest.set_defaults(handler=run)
 
 
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_PROBE_FAILED
     report = run_selftest(plan, _progress(args.quiet))
     document = rendering.document(report)
-    print(json.dumps(document, indent=2) if args.json else rendering.table(report))
+    print(json.dumps(document, indent=2) if args.json else rendering.table(report, args.wide))
     if args.report is not None:
         try:
             _write(args.report, document)

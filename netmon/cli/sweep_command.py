@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED
+from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, table
 from netmon.errors import UsageError
 
 EXIT_NO_SWEEP = EXIT_PROBE_FAILED  # 3
@@ -56,6 +56,7 @@ def add_parser(commands: Any) -> None:
     )
     sweep.add_argument("--state-dir", type=Path, help="where the nodes' history is kept")
     sweep.add_argument("--seed", type=int, help="seed of the random matching (default: random)")
+    table.add_wide_flag(sweep)
     sweep.set_defaults(handler=_cmd_sweep)
 
 
@@ -191,28 +192,33 @@ def _could_not_run(
 
 
 def _print(args: argparse.Namespace, whole: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(whole, indent=2))
-        return
-    print(
+    print(json.dumps(whole, indent=2) if args.json else human(whole, args.wide))
+
+
+def human(whole: dict[str, Any], wide: bool = False) -> str:
+    """The sweep's report for a person: one row per pair, then the suspects and notes. Fits
+    table.WIDTH columns (long node names and details wrap) unless `wide`."""
+    lines = [
         f"sweep {whole['sweep']}: {len(whole['nodes'])} nodes, {whole['rounds']} round(s), "
         f"{whole['wall_seconds']:.1f} s"
-    )
-    print(f"{'round':>5}  {'pair':<40} {'outcome':<10} {'busbw GB/s':>10}  detail")
+    ]
+    rows = [("round", "pair", "outcome", "busbw GB/s", "detail")]
     for pair in whole["pairs"]:
         busbw = f"{pair['busbw'] / 1e9:.3f}" if pair["busbw"] is not None else "-"
-        label = "-".join(pair["nodes"])[:40]
-        print(
-            f"{pair['round']:>5}  {label:<40} {pair['outcome']:<10} {busbw:>10}  {pair['detail']}"
-        )
+        label = " - ".join(pair["nodes"])  # spaces: a long pair wraps between its nodes
+        rows.append((str(pair["round"]), label, pair["outcome"], busbw, pair["detail"] or ""))
+    lines += table.aligned(rows, wide, caps={1: 48}, right={0, 3})
     for suspect in whole["suspects"]:
-        print(f"SUSPECT {_suspect_text(suspect)}, rails {suspect['rails']}")
+        lines += table.comment(
+            f"SUSPECT {_suspect_text(suspect)}, rails {suspect['rails']}", wide, ""
+        )
     for link in whole.get("undecided_uplinks", []):
-        print(f"undecided uplink: {link}")
+        lines += table.comment(f"undecided uplink: {link}", wide, "")
     for note in whole.get("notes", []):
-        print(f"note: {note}")
+        lines += table.comment(f"note: {note}", wide, "")
     if not whole["suspects"]:
-        print("no suspect")
+        lines.append("no suspect")
+    return "\n".join(lines)
 
 
 def _suspect_text(suspect: dict[str, Any]) -> str:

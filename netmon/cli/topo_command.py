@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from netmon.cli import EXIT_OK
+from netmon.cli.table import WIDTH, add_wide_flag
 from netmon.errors import UsageError
 
 
@@ -25,6 +26,7 @@ def add_parser(commands: Any) -> None:
         help="parse saved `nvidia-smi topo -m` output instead of asking NVML",
     )
     topo.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_wide_flag(topo)
     topo.set_defaults(handler=run)
 
 
@@ -54,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(topo, rounds), indent=2))
     else:
-        print(render_text(topo, rounds))
+        print(render_text(topo, rounds, width=None if args.wide else WIDTH))
     return EXIT_OK

@@ -9,11 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from netmon.bandwidth import format_size
+from netmon.cli.table import aligned, comment
 from netmon.selftest.checks import Row, exit_code
 from netmon.selftest.versus import SizeRatio
 
 FORMAT = 1  # the JSON report's layout version, for whoever reads reports sent back
 _COLUMNS = ("CHECK", "RESULT", "MEASURED", "GOAL", "DETAIL")
+# By default the table leaves GOAL out (--wide shows it): a check's detail says why it failed or
+# was skipped, which the goal alone does not. Check names and figures wrap past these widths.
+_CAPS = {0: 30, 2: 26}
 
 
 @dataclass(frozen=True)
@@ -42,18 +46,7 @@ class Report:
         return {status: found.get(status, 0) for status in ("PASS", "FAIL", "SKIP")}
 
 
-def _aligned(lines: Sequence[Sequence[str]]) -> list[str]:
-    """Columns padded to their widest cell; the last one is left as it is."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
-    return [
-        "  ".join(
-            [*(cell.ljust(w) for cell, w in zip(line, widths, strict=False)), line[-1]]
-        ).rstrip()
-        for line in lines
-    ]
-
-
-def _heading(report: Report) -> str:
+def _heading(report: Report, wide: bool) -> list[str]:
     env = report.environment
     on = ", ".join(report.devices) if report.devices else "CPU"
     versions = ", ".join(
@@ -62,9 +55,11 @@ def _heading(report: Report) -> str:
     sizes = ",".join(format_size(s) for s in report.sizes)
     heading = f"netmon selftest: {report.backend}, {report.ranks} ranks on {on}, sizes {sizes}"
     heading += f" ({versions})" if versions else ""
+    lines = comment(heading, wide, prefix="")
     if report.simulated is not None:
-        heading += f"\nSIMULATED node {report.simulated}: a rehearsal, no figure measures a GPU"
-    return heading
+        simulated = f"SIMULATED node {report.simulated}: a rehearsal, no figure measures a GPU"
+        lines += comment(simulated, wide, prefix="")
+    return lines
 
 
 def _ratio_table(ratios: Sequence[SizeRatio]) -> list[str]:
@@ -73,20 +68,22 @@ def _ratio_table(ratios: Sequence[SizeRatio]) -> list[str]:
         theirs = f"{r.nccl_tests / 1e9:.2f}" if r.nccl_tests else "-"
         ratio = f"{r.ratio:.3f}" if r.ratio is not None else "-"
         lines.append((format_size(r.size_bytes), f"{r.netmon / 1e9:.2f}", theirs, ratio))
-    return ["", "all_reduce busbw, netmon against all_reduce_perf (in place):", *_aligned(lines)]
+    return ["", "all_reduce busbw, netmon against all_reduce_perf (in place):", *aligned(lines)]
 
 
-def table(report: Report) -> str:
-    lines = [_COLUMNS] + [
-        (row.name, row.status, row.measured, row.goal, row.detail) for row in report.rows
-    ]
-    out = [_heading(report), "", *_aligned(lines)]
+def table(report: Report, wide: bool = False) -> str:
+    """The rows under a heading, then the comparison with nccl-tests and the verdict. Fits
+    WIDTH columns (MEASURED and DETAIL wrap, no GOAL) unless `wide`."""
+    shown = [i for i, name in enumerate(_COLUMNS) if wide or name != "GOAL"]
+    cells = [(row.name, row.status, row.measured, row.goal, row.detail) for row in report.rows]
+    lines = [[line[i] for i in shown] for line in [_COLUMNS, *cells]]
+    out = [*_heading(report, wide), "", *aligned(lines, wide, _CAPS)]
     if report.ratios:
         out += _ratio_table(report.ratios)
     counts = report.counts()
     out += ["", f"{report.verdict}: " + ", ".join(f"{n} {s}" for s, n in counts.items())]
     if report.error is not None:
-        out.append(f"the selftest stopped early: {report.error}")
+        out += comment(f"the selftest stopped early: {report.error}", wide, prefix="")
     return "\n".join(out)
 
 

@@ -298,7 +298,8 @@ class ProbeRunner:
 
         return on_event
 
-    def _log_outcome(self, probe: ProbeConfig, outcome: ProbeOutcome, path: str) -> None:
+    @staticmethod
+    def _log_outcome(probe: ProbeConfig, outcome: ProbeOutcome, path: str) -> None:
         fields: dict[str, Any] = dict(
             probe=probe.name,
             path=path,
@@ -312,12 +313,16 @@ class ProbeRunner:
             )
             event(log, "probe failed", level=logging.WARNING, **fields)
             return
-        largest = max(outcome.results, key=lambda r: r.size_bytes, default=None)
-        if largest is not None:
+        if outcome.results:
+            # Each figure where it means something, and its size beside it: busbw at the largest
+            # size (bandwidth-bound), latency (the table's time) at the smallest (latency-bound).
+            largest = max(outcome.results, key=lambda r: r.size_bytes)
+            smallest = min(outcome.results, key=lambda r: r.size_bytes)
             fields.update(
-                size_bytes=largest.size_bytes,
                 busbw_gbps=round(largest.busbw_bytes_per_second / 1e9, 4),
-                latency_us=round(outcome.results[0].time_s * 1e6, 1),
+                busbw_size_bytes=largest.size_bytes,
+                latency_us=round(smallest.time_s * 1e6, 1),
+                latency_size_bytes=smallest.size_bytes,
             )
         event(log, "probe ok", outcome="ok", **fields)
 

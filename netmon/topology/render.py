@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 from netmon.topology.model import Pair, Topology
 
 
+def _fit(line: str, width: int | None) -> list[str]:
+    """A prose line in lines of at most `width` (continuations indented), or whole."""
+    if width is None or len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 4)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def render_text(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> str:
-    """The matrix, the path classes with their counts, and the pair plan, for a terminal."""
-    columns = [f"GPU{i}" for i in topology.indices] + [nic.name for nic in topology.nics]
-    table: list[list[str]] = [["", *columns, "CPU Affinity", "NUMA Affinity"]]
+def _columns(table: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
+    ]
+
+
+def _matrix(topology: Topology, nics: Sequence[str]) -> list[str]:
+    """The rows of `nvidia-smi topo -m`: GPU to GPU, then to the NICs named, then affinities."""
+    table: list[list[str]] = [
+        ["", *(f"GPU{i}" for i in topology.indices), *nics, "CPU Affinity", "NUMA Affinity"]
+    ]
     for gpu in topology.gpus:
         cells = [str(topology.path_between(gpu.index, other)) for other in topology.indices]
-        cells += [str(topology.nic_path.get((gpu.index, nic.name), "?")) for nic in topology.nics]
+        cells += [str(topology.nic_path.get((gpu.index, nic), "?")) for nic in nics]
         table.append(
             [
                 f"GPU{gpu.index}",
@@ -27,24 +44,41 @@ def render_text(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> str:
                 "N/A" if gpu.numa is None else str(gpu.numa),
             ]
         )
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table
-    ]
+    return _columns(table)
+
+
+def _nic_matrix(topology: Topology, nics: Sequence[str]) -> list[str]:
+    table = [["", *nics]]
+    for gpu in topology.gpus:
+        cells = [str(topology.nic_path.get((gpu.index, nic), "?")) for nic in nics]
+        table.append([f"GPU{gpu.index}", *cells])
+    return _columns(table)
+
+
+def render_text(
+    topology: Topology, rounds: Sequence[Sequence[Pair]], width: int | None = None
+) -> str:
+    """The matrix, the path classes with their counts, and the pair plan, for a terminal.
+
+    With a `width`, a matrix wider than it (8 GPUs beside 9 NICs is 135 columns) shows the GPU
+    to NIC paths as a table of their own under the GPU one, and long lists wrap; None: one
+    matrix as nvidia-smi prints it, every line whole.
+    """
+    nics = [nic.name for nic in topology.nics]
+    lines = _matrix(topology, nics)
+    if width is not None and max(map(len, lines)) > width and nics:
+        lines = [*_matrix(topology, []), "", "GPU to NIC paths:", *_nic_matrix(topology, nics)]
 
     devices = [f"{nic.name}: {nic.device}" for nic in topology.nics if nic.device]
     if devices:
-        lines += ["", "NICs: " + ", ".join(devices)]
+        lines += ["", *_fit("NICs: " + ", ".join(devices), width)]
     ids = [g for g in topology.gpus if g.uuid or g.pci_bus_id]
     if ids:
         lines += [""] + [f"GPU{g.index}: {g.uuid or '?'} at {g.pci_bus_id or '?'}" for g in ids]
     asymmetric = topology.asymmetric_pairs()
     if asymmetric:
-        lines += [
-            "",
-            "Asymmetric cells (the farther class is used): "
-            + ", ".join(f"GPU{a}-GPU{b}" for a, b in asymmetric),
-        ]
+        listed = ", ".join(f"GPU{a}-GPU{b}" for a, b in asymmetric)
+        lines += ["", *_fit("Asymmetric cells (the farther class is used): " + listed, width)]
 
     classes = topology.classes()
     lines += ["", "Path classes (GPU pairs):"]
@@ -56,7 +90,7 @@ def render_text(topology: Topology, rounds: Sequence[Sequence[Pair]]) -> str:
     ]
     for n, members in enumerate(rounds, start=1):
         listed = "  ".join(f"{a}-{b} ({topology.path_between(a, b)})" for a, b in members)
-        lines.append(f"  round {n}: {listed}")
+        lines += _fit(f"  round {n}: {listed}", width)
     return "\n".join(lines) + "\n"
 
 
