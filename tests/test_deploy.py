@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,11 +28,18 @@ from netmon.config import parse_config
 from netmon.serve.pausing import parse_ids, read_pause
 from tests.test_dashboard_queries import all_panels, dashboard_queries, load_dashboard
 
-ROOT = Path(__file__).resolve().parent.parent
+# Re-exported for tests/test_alerts.py and tests/test_helm.py, which take them from here.
+from tests.tools import ROOT as ROOT
+from tests.tools import RULES as RULES
+from tests.tools import promtool as promtool
+from tests.tools import run as run
+from tests.tools import tool as tool
+
 DEPLOY = ROOT / "deploy"
-RULES = DEPLOY / "prometheus" / "netmon-rules.yaml"
 RULE_TESTS = DEPLOY / "prometheus" / "netmon-rules.test.yaml"
 KUBERNETES = DEPLOY / "kubernetes"
+# The Prometheus Operator's objects: a kustomize component, off in the base (docs/DEPLOY.md).
+PROMETHEUS_OPERATOR = KUBERNETES / "prometheus-operator"
 # The node-group variant over InfiniBand or RoCE: an overlay of KUBERNETES (docs/DEPLOY.md).
 KUBERNETES_RDMA = DEPLOY / "kubernetes-rdma"
 COMPOSE = DEPLOY / "compose"
@@ -44,28 +50,6 @@ NHC = SLURM / "nhc" / "netmon.nhc"
 DROPS_INSTANCE = {
     "NetmonNodePeerSuspect": "the subject is the peer; every member reports it, one alert each",
 }
-
-
-def tool(name: str, install: str) -> str:
-    """A command from the venv (dev extra) or the system, or a failed test naming its package."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None:
-        pytest.fail(f"{name} is not installed: {install}")
-    return found
-
-
-def run(*command: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env, check=False
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, f"{' '.join(command)} exited {done.returncode}:\n{output}"
-    return output
-
-
-def promtool() -> str:
-    return tool("promtool", "apt-get install prometheus (Debian's package ships promtool)")
 
 
 def load_yaml(path: Path) -> Any:
@@ -81,7 +65,9 @@ def alerts() -> dict[str, dict[str, Any]]:
 
 
 def manifests() -> Iterator[tuple[Path, dict[str, Any]]]:
-    for path in sorted(KUBERNETES.glob("*.yaml")):
+    """The base's files and the Prometheus Operator component's."""
+    files = [*KUBERNETES.glob("*.yaml"), *PROMETHEUS_OPERATOR.glob("*.yaml")]
+    for path in sorted(files):
         for document in yaml.safe_load_all(path.read_text()):
             if document:
                 yield path, document
@@ -312,11 +298,24 @@ def test_kubernetes_objects_fit_together() -> None:
     assert volumes[mounts["/etc/netmon"]]["configMap"]["name"] == config["metadata"]["name"]
 
 
-def test_kustomize_builds_the_manifests_with_the_image_set() -> None:
+def kustomize(directory: Path) -> list[dict[str, Any]]:
     kubectl = tool("kubectl", "kubectl (Kubernetes' client; kubectl kustomize needs no cluster)")
-    built = list(yaml.safe_load_all(run(kubectl, "kustomize", str(KUBERNETES))))
-    kinds = sorted(d["kind"] for _, d in manifests() if d["kind"] != "Kustomization")
+    return list(yaml.safe_load_all(run(kubectl, "kustomize", str(directory))))
+
+
+# What needs the Prometheus Operator's CRDs: `kubectl apply -k` of the base must not.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def test_kustomize_builds_the_manifests_with_the_image_set() -> None:
+    built = kustomize(KUBERNETES)
+    kinds = sorted(
+        d["kind"]
+        for path, d in manifests()
+        if d["kind"] not in {"Kustomization", "Component"} and path.parent == KUBERNETES
+    )
     assert sorted(d["kind"] for d in built) == kinds
+    assert not OPERATOR_KINDS & set(kinds), "the base applies on a cluster without the operator"
     (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]
     images = {c["image"] for c in pod["containers"] + pod["initContainers"]}
@@ -349,15 +348,36 @@ def test_the_daemonset_runs_with_least_privilege_and_no_gpu_allocation() -> None
     assert {"/var/lib/netmon", "/tmp"} <= set(mounts), "writable state and scratch"
 
 
+def test_the_prometheus_operator_component_adds_its_objects_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    # An overlay of the operator's own, as docs/DEPLOY.md says to write it.
+    (tmp_path / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(KUBERNETES, tmp_path)],
+                "components": [os.path.relpath(PROMETHEUS_OPERATOR, tmp_path)],
+            }
+        )
+    )
+    base, overlaid = kustomize(KUBERNETES), kustomize(tmp_path)
+    added = sorted(d["kind"] for d in overlaid if d not in base)
+    assert added == sorted(OPERATOR_KINDS)
+    assert all(d in overlaid for d in base), "the component changes no object of the base"
+    listed = set(load_yaml(PROMETHEUS_OPERATOR / "kustomization.yaml")["resources"])
+    assert listed == {p.name for p in PROMETHEUS_OPERATOR.glob("*.yaml")} - {"kustomization.yaml"}
+
+
 def rdma_variant() -> list[dict[str, Any]]:
-    kubectl = tool("kubectl", "kubectl (Kubernetes' client; kubectl kustomize needs no cluster)")
-    return list(yaml.safe_load_all(run(kubectl, "kustomize", str(KUBERNETES_RDMA))))
+    return kustomize(KUBERNETES_RDMA)
 
 
 def test_the_rdma_variant_builds_and_validates_against_the_api_schemas(tmp_path: Path) -> None:
     validate = tool("kubernetes-validate", "pip install -e '.[dev]' (kubernetes-validate)")
     built = rdma_variant()
-    base = sorted(d["kind"] for _, d in manifests() if d["kind"] != "Kustomization")
+    base = sorted(d["kind"] for d in kustomize(KUBERNETES))
     assert sorted(d["kind"] for d in built) == base, "the overlay changes objects, adds none"
     (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
     pod = daemonset["spec"]["template"]["spec"]
@@ -484,11 +504,17 @@ def test_compose_files_pass_docker_compose_config() -> None:
     output = run(compose, "-f", base, "config")
     services = yaml.safe_load(output)["services"]
     assert set(services) == {"netmon", "prometheus", "alertmanager", "grafana"}
+    # Any machine: the CPU-only torch, not the multi-GB CUDA build, under a tag of its own.
+    cpu = services["netmon"]
+    assert cpu["build"]["args"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+    assert "\nARG TORCH_INDEX_URL=" in (ROOT / "Dockerfile").read_text()
     gpu = yaml.safe_load(
         run(compose, "-f", base, "-f", str(COMPOSE / "docker-compose.gpu.yaml"), "config")
     )
     netmon = gpu["services"]["netmon"]
     assert netmon["runtime"] == "nvidia" and netmon["pid"] == "host"
+    assert netmon["build"]["args"]["TORCH_INDEX_URL"] == ""  # the Dockerfile's CUDA default
+    assert netmon["image"] != cpu["image"]
     assert any(v.endswith("netmon-gpu.yaml:/etc/netmon/netmon.yaml:ro") for v in netmon["volumes"])
 
 
@@ -510,7 +536,15 @@ def test_the_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
     # verify checks that ExecStart exists: point it at this venv's netmon.
     local = tmp_path / "netmon.service"
     local.write_text(unit.replace("/opt/netmon/bin/netmon", str(netmon)))
-    run(analyze, "verify", str(local))
+    # verify only warns (exit 0) on a URL it cannot use.
+    assert "Invalid URL" not in run(analyze, "verify", str(local))
+    # pip installs no documentation, so a file: URL would name nothing on the node: the docs'
+    # URL, under the runbook_url's placeholder base, at a heading that exists.
+    (url,) = re.findall(r"^Documentation=(.*)$", unit, re.MULTILINE)
+    link = re.fullmatch(r"https://github\.com/OWNER/netmon/blob/main/(docs/\w+\.md)#([\w-]+)", url)
+    assert link, url
+    headings = re.findall(r"^#+ (.+)$", (ROOT / link[1]).read_text(), re.MULTILINE)
+    assert link[2] in {re.sub(r"[^\w -]", "", h).lower().replace(" ", "-") for h in headings}
     # Exposure 0 (locked down) to 10 (unsandboxed); netmon needs the GPU device nodes.
     run(analyze, "security", "--offline=true", "--threshold=30", str(local))
 

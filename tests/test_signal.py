@@ -261,14 +261,20 @@ def test_malformed_readings_cost_the_figure_never_the_probe() -> None:
 
 
 def test_a_real_reading_counts_this_process_and_the_machine() -> None:
+    # A fixed amount of our own CPU, by the process's own clock: a wall-clock loop on a busy host
+    # gets only a share of a core (seen: under 0.1 CPU-s in a 0.2 s loop).
+    burn = 0.2
     before = cpushare.read({})
-    deadline = time.monotonic() + 0.2
-    while time.monotonic() < deadline:  # 0.2 s of our own CPU
+    start = time.process_time()
+    while time.process_time() - start < burn:
         pass
     after = cpushare.read({})
     assert before is not None and after is not None
     busy, own, elapsed, cpus, machine, infra, launcher, *modes = after.since(before)
-    assert own >= 0.1 and busy >= own - 0.05 and elapsed >= 0.2
+    # The CPUs' busy time holds ours, within a few clock ticks (100 per second), and time the
+    # hypervisor stole from us (steal) is not busy time.
+    assert own >= burn and busy + modes[2] >= own - 0.05
+    assert elapsed >= burn  # one thread cannot use more CPU time than wall time
     # The CPUs this process may run on (a pod's cpuset), not the whole host.
     assert cpus == len(os.sched_getaffinity(0)) and machine == before.machine > 0
     assert (infra, launcher) == (0.0, 0.0) and len(modes) == 3 and min(modes) >= 0
@@ -379,6 +385,9 @@ def loaded_share(outcome: ProbeOutcome) -> float:
 def test_netmons_own_busy_process_does_not_disturb_a_real_probe(start: str) -> None:
     zygote = Zygote(sys.executable, base_env()) if start == "fork" else None
     try:
+        # The same probe without the load first: what the rest of the host does meanwhile (other
+        # tests, a CPU hog) is foreign in both runs, and only the difference is the load's.
+        quiet = Launcher(LOADED, zygote=zygote).run()
         with OwnLoad(LOAD) as load:
             before = load.burned()
             outcome = Launcher(LOADED, zygote=zygote).run()
@@ -391,10 +400,19 @@ def test_netmons_own_busy_process_does_not_disturb_a_real_probe(start: str) -> N
         if zygote is not None:
             zygote.close()
     assert (outcome.ranks_forked, outcome.ranks_spawned) == ((2, 0) if zygote else (0, 2))
-    # The load took its cores all along (counted as foreign it would be about LOAD / CPUs),
-    # and is netmon's own: the result is not disturbed.
-    assert burned >= 0.3 * LOAD * outcome.wall_s
-    assert loaded_share(outcome) < BaselinePolicy().max_foreign_cpu
+    # The load ran all along: on a busy host it gets less than its cores, never nothing.
+    assert burned >= 0.2 * LOAD * outcome.wall_s
+    # Counted as foreign, the load would add its own share of the CPUs to the run's foreign
+    # share (about LOAD / CPUs on a quiet host: +0.43 of 0.43 here); netmon's own, it adds
+    # none (+0.00 quiet; under two CPU hogs the loaded run reads 0.6-0.9 of the load's share
+    # *less* foreign, the load taking cores from the hogs, and up to +0.6 once in a spawned
+    # run whose ranks' start shared the cores). Three quarters of its share is the line.
+    own_share = burned / (outcome.wall_s * len(os.sched_getaffinity(0)))
+    added = loaded_share(outcome) - loaded_share(quiet)
+    assert added < 0.75 * own_share, (added, own_share, loaded_share(quiet))
+    if loaded_share(quiet) < BaselinePolicy().max_foreign_cpu / 2:
+        # A quiet host: the loaded run is not disturbed either.
+        assert loaded_share(outcome) < BaselinePolicy().max_foreign_cpu
 
 
 def test_another_busy_process_disturbs_a_real_probe() -> None:

@@ -4,7 +4,8 @@ tests/fixtures/healthy_streams.json holds every result of every series of a heal
 (gloo, 2 CPU ranks, `small` [8, 1K, 64K] every 5 s and `large` [1M, 16M] every 10 s) over
 30 minutes, with a CPU-bound process beside it switched on and off every 2 minutes: recorded by
 `python bench/noise_bench.py --streams tests/fixtures/healthy_streams.json`. Replayed through
-the default policy they give no verdict, and Prometheus, fed the replayed `netmon_degraded`,
+the default policy they give no verdict, and Prometheus, fed the replayed `netmon_degraded`
+(with each result's `netmon_measurement_timestamp_seconds`, which the alert checks for age),
 fires no NetmonBusbwDegraded; the same stream with its link cut to 60% does both.
 
 Issue 23: the same streams again, round and round, with the link cut to 0.75x or 0.6x and held
@@ -25,7 +26,8 @@ import pytest
 import yaml
 
 from netmon.baseline import BaselineBook, BaselineKey, BaselinePolicy, Verdict
-from tests.test_deploy import RULES, promtool, run
+from netmon.config import parse_config
+from tests.tools import RULES, promtool, run
 
 STREAMS = Path(__file__).resolve().parent / "fixtures" / "healthy_streams.json"
 # Issue 23: a second recording, with the rule of that issue and its foreign-CPU definition.
@@ -206,21 +208,38 @@ def _last_quiet_stretch(samples: list[dict[str, Any]]) -> int:
     return index
 
 
-def degraded_series(samples: list[dict[str, Any]], key: BaselineKey) -> str:
-    """The replayed netmon_degraded on a 10 s grid, in promtool's value notation."""
-    values: list[str] = []
-    current = "0"
-    replayed = list(replay(samples, key))
-    end = samples[-1]["t"]
+def on_grid(samples: list[dict[str, Any]], values: list[str]) -> str:
+    """Per-result values on a STEP_S grid from the first result (promtool's time 0), each point
+    holding the latest result's value by then, in promtool's value notation."""
+    grid: list[str] = []
+    current = values[0]
     index = 0
     t = samples[0]["t"]
-    while t <= end:
-        while index < len(replayed) and replayed[index][0]["t"] <= t:
-            current = "1" if replayed[index][1].degraded else "0"
+    while t <= samples[-1]["t"]:
+        while index < len(samples) and samples[index]["t"] <= t:
+            current = values[index]
             index += 1
-        values.append(current)
+        grid.append(current)
         t += STEP_S
-    return " ".join(values)
+    return " ".join(grid)
+
+
+def degraded_series(samples: list[dict[str, Any]], key: BaselineKey) -> str:
+    """The replayed netmon_degraded."""
+    return on_grid(samples, ["1" if v.degraded else "0" for _, v in replay(samples, key)])
+
+
+def measured_series(samples: list[dict[str, Any]]) -> str:
+    """netmon_measurement_timestamp_seconds: when the latest result came, in promtool's time.
+    The alert counts only verdicts measured within 3 of their probe's intervals."""
+    return on_grid(samples, [f"{s['t'] - samples[0]['t']:.2f}" for s in samples])
+
+
+def probe_intervals(path: Path = STREAMS) -> dict[str, float]:
+    """Each probe's interval in the configuration of the recorded daemon."""
+    probes = parse_config(json.loads(path.read_text())["setup"]["config"]).probes
+    assert probes, "the recording names its probes"
+    return {probe.name: probe.interval for probe in probes}
 
 
 def rendered_annotations(labels: dict[str, str]) -> dict[str, str]:
@@ -238,18 +257,24 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
     labels = 'instance="node1:19464", job="netmon"'
     healthy = [
         {
-            "series": f'netmon_degraded{{{labels}, probe="{k[0]}", op="{k[1]}", '
+            "series": f'{metric}{{{labels}, probe="{k[0]}", op="{k[1]}", '
             f'size_bytes="{k[2]}", path="{k[3]}", ranks="{k[4]}"}}',
-            "values": degraded_series(samples, k),
+            "values": degraded_series(samples, k) if degraded else measured_series(samples),
         }
         for series, samples in sorted(recorded.items())
         for k in [key_of(series)]
+        for metric, degraded in [
+            ("netmon_degraded", True),
+            ("netmon_measurement_timestamp_seconds", False),
+        ]
     ]
+    intervals = probe_intervals()
     # Then the link is cut to 0.75x and stays cut for a thousand results (nearly 3 hours).
     samples = recorded[LARGEST]
     broken = held_cut(samples, 0.75, _last_quiet_stretch(samples), after=0)
     cut_key = ("cut", *key_of(LARGEST)[1:])
     grid = len(healthy[0]["values"].split())
+    assert len(healthy[1]["values"].split()) == grid  # the timestamps beside the verdicts
     cut_values = degraded_series(broken, cut_key)  # type: ignore[arg-type]
     flags = cut_values.split()
     assert flags[:grid].count("1") == 0
@@ -281,6 +306,20 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
                         'size_bytes="16777216", path="default", ranks="2"}',
                         "values": cut_values,
                     },
+                    {
+                        "series": f"netmon_measurement_timestamp_seconds{{{labels}, "
+                        'probe="cut", op="all_reduce", size_bytes="16777216", path="default", '
+                        'ranks="2"}',
+                        "values": measured_series(broken),
+                    },
+                    # The cut is the largest size's probe, renamed.
+                    *(
+                        {
+                            "series": f'netmon_probe_interval_seconds{{{labels}, probe="{p}"}}',
+                            "values": f"{interval:g}x{len(flags)}",
+                        }
+                        for p, interval in [*intervals.items(), ("cut", intervals["large"])]
+                    ),
                 ],
                 "alert_rule_test": [
                     *(
