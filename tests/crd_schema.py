@@ -27,6 +27,8 @@ FILES = {
     ("jobset.x-k8s.io", "JobSet"): "jobset.x-k8s.io_jobsets.yaml",
     ("kueue.x-k8s.io", "LocalQueue"): "kueue.x-k8s.io_localqueues.yaml",
     ("kueue.x-k8s.io", "WorkloadPriorityClass"): "kueue.x-k8s.io_workloadpriorityclasses.yaml",
+    ("monitoring.coreos.com", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+    ("monitoring.coreos.com", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
 }
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")

@@ -30,22 +30,6 @@ DEFAULTS: dict[str, Any] = load_yaml(CHART / "values.yaml")
 README = (CHART / "README.md").read_text()
 RUNBOOK_BASE = "https://github.com/OWNER/netmon/blob/main/docs/RUNBOOK.md"
 
-# The Prometheus Operator's ServiceMonitor Endpoint and its tlsConfig, from its CRD
-# (https://github.com/prometheus-operator/prometheus-operator/blob/main/example/
-# prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml, operator 0.93.0). There
-# is no CRD fixture for it in tests/fixtures/crds, so the rendered keys are held to these names.
-ENDPOINT_FIELDS = {
-    "authorization", "basicAuth", "bearerTokenFile", "bearerTokenSecret", "enableHttp2",
-    "filterRunning", "followRedirects", "honorLabels", "honorTimestamps", "interval",
-    "metricRelabelings", "noProxy", "oauth2", "params", "path", "port", "proxyConnectHeader",
-    "proxyFromEnvironment", "proxyUrl", "relabelings", "scheme", "scrapeTimeout", "targetPort",
-    "tlsConfig", "trackTimestampsStaleness",
-}  # fmt: skip
-TLS_CONFIG_FIELDS = {
-    "ca", "caFile", "cert", "certFile", "insecureSkipVerify", "keyFile", "keySecret",
-    "maxVersion", "minVersion", "serverName",
-}  # fmt: skip
-KEY_SELECTOR_FIELDS = {"name", "key", "optional"}
 # libyaml when PyYAML has it: the walk parses the rendered chart (the dashboard's JSON, the
 # rules) some 400 times, and the pure-Python parser would take most of the test's time.
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -178,34 +162,17 @@ def test_the_cached_api_validator_agrees_with_kubernetes_validate() -> None:
             kubernetes_validate.validate(document, kubernetes_validate.latest_version(), True)
 
 
-def check_servicemonitor_fields(monitor: dict[str, Any]) -> None:
-    for endpoint in monitor["spec"]["endpoints"]:
-        assert set(endpoint) <= ENDPOINT_FIELDS, set(endpoint) - ENDPOINT_FIELDS
-        assert endpoint.get("scheme", "http") in ("http", "https")
-        tls = endpoint.get("tlsConfig", {})
-        assert set(tls) <= TLS_CONFIG_FIELDS, set(tls) - TLS_CONFIG_FIELDS
-        for field in ("ca", "cert"):
-            for source in tls.get(field, {}).values():
-                assert set(source) <= KEY_SELECTOR_FIELDS and "key" in source
-        auth = endpoint.get("basicAuth", {})
-        assert set(auth) <= {"username", "password"}
-        for selector in [*auth.values(), *([tls["keySecret"]] if "keySecret" in tls else [])]:
-            assert set(selector) <= KEY_SELECTOR_FIELDS and "key" in selector
-
-
 def check_objects(objects: list[dict[str, Any]]) -> None:
-    """Built-in kinds against the API schemas, Kueue's against its CRDs, the ServiceMonitor's
-    endpoint against the operator's field names, and netmon.yaml as netmon reads it."""
+    """Built-in kinds against the API schemas, Kueue's and the Prometheus Operator's against
+    their CRDs (tests/fixtures/crds), and netmon.yaml as netmon reads it."""
     for document in objects:
         group = document["apiVersion"].split("/")[0]
         where = f"{document['kind']} {document['metadata']['name']}"
-        if group == "kueue.x-k8s.io":
+        if group in ("kueue.x-k8s.io", "monitoring.coreos.com"):
             assert crd_schema.errors(document) == [], where
         elif "." not in group or group.endswith(".k8s.io"):
             errors = _api_errors(json.dumps(document, sort_keys=True))
             assert errors == "", f"{where}: {errors}"
-        elif document["kind"] == "ServiceMonitor":
-            check_servicemonitor_fields(document)
 
 
 def lint(values: dict[str, Any]) -> None:
