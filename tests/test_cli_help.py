@@ -111,3 +111,12 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(
     err = capsys.readouterr().err
     assert err.startswith("netmon: ") and err.count("\n") == 1, err
     assert err.rstrip().endswith(hint), err
+
+
+@pytest.mark.parametrize("argv", [["serve", "--liste", "0.0.0.0:1"], ["probe", "--siz", "8"]])
+def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_one(argv: list[str]) -> None:
+    # The chart refuses --listen and --config in extraArgs by their full names; an abbreviation
+    # must not reach them either.
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.build_parser().parse_args(argv)
+    assert exit_info.value.code == 2

@@ -60,6 +60,11 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # No abbreviations: `--liste` or `--conf` would reach a flag that deployments pin (the
+        # Helm chart refuses --listen and --config in extraArgs by their full names).
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         # prog is "netmon" or "netmon probe": the hint names the help of the command at fault.
         self.exit(EXIT_USAGE, f"netmon: {message} (see {self.prog} --help)\n")

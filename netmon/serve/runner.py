@@ -321,6 +321,8 @@ class ProbeRunner:
             fields.update(
                 busbw_gbps=round(largest.busbw_bytes_per_second / 1e9, 4),
                 busbw_size_bytes=largest.size_bytes,
+                # The field of earlier releases (the largest size), for log pipelines reading it.
+                size_bytes=largest.size_bytes,
                 latency_us=round(smallest.time_s * 1e6, 1),
                 latency_size_bytes=smallest.size_bytes,
             )
