@@ -4,13 +4,15 @@ with the time of the measurement, which the alerts need two of and judge the age
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import pytest
 
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.collector import make_registry
+from netmon.group.members import GroupConfig
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeFailure, ProbeOutcome
 from netmon.probe.streaks import Streak, advance
@@ -20,6 +22,7 @@ from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
 from netmon.serve.telemetry import load_interval
 from tests.test_cardinality import PAIRS, dgx_config, outcome
+from tests.test_group_plan import A, B, C, FabricReads, coordinator, node_config
 
 # --- the count, pure
 
@@ -172,6 +175,94 @@ def test_the_leader_counts_sweeps_that_named_a_member_or_a_node_pair(
     for x, y in every:
         labels = {"member": x, "peer": y}
         assert peer_value(results, "netmon_peer_link_measurement_timestamp_seconds", **labels)
+
+
+def test_a_member_no_longer_in_the_sweep_leaves_no_series_behind(
+    daemon: tuple[Results, NetmonConfig],
+) -> None:
+    results, _ = daemon
+    four = ("a", "b", "c", "d")
+    results.set_peer_verdict(
+        "nodes", four, ("d",), (), [(x, y) for x in four for y in four if x < y]
+    )
+    ad = {"member": "a", "peer": "d"}
+    assert peer_value(results, "netmon_peer_link_suspect_sweeps", **ad) == 0.0
+    three = ("a", "b", "c")
+    results.set_peer_verdict("nodes", three, (), (), [("a", "b"), ("a", "c"), ("b", "c")])
+    for name in (
+        "netmon_peer_link_suspect_sweeps",
+        "netmon_peer_link_measurement_timestamp_seconds",
+    ):
+        assert peer_value(results, name, **ad) is None
+        assert peer_value(results, name, member="a", peer="b") is not None
+    assert peer_value(results, "netmon_peer_suspect_sweeps", peer="d") is None
+    assert peer_value(results, "netmon_peer_measurement_timestamp_seconds", peer="d") is None
+
+
+# --- the lead changing hands: the coordinator of member A (never started), in a group of three
+
+
+@pytest.fixture
+def member_a(tmp_path: Path) -> tuple[Results, Callable[[], None]]:
+    """Member A's results, and a round of the node_pairs probe "peers" that B leads
+    and A sits out (the pair B-C), taken by A's real follower code."""
+    two = node_config(tmp_path, "any")
+    assert two.group is not None
+    fields = two.group.model_dump(exclude_unset=True)
+    group = GroupConfig.model_validate({**fields, "members": [A, B, C]})
+    config = two.model_copy(update={"group": group})
+    rounds = coordinator(config, FabricReads(()), tmp_path / "absent")
+    (probe,) = [p for p in config.probes or () if p.name == "peers"]
+    epochs = iter(range(1, 100))
+
+    def b_leads_a_round() -> None:
+        epoch = next(epochs)
+        rounds.node_pairs.follow(B, f"netmon/{epoch}/", probe, {"pairs": [[B, C]]}, epoch)
+
+    return rounds.results, b_leads_a_round
+
+
+def peers_value(results: Results, name: str, **labels: str) -> float | None:
+    return make_registry(results.snapshot).get_sample_value(name, {"probe": "peers", **labels})
+
+
+EVERY = [(A, B), (A, C), (B, C)]
+
+
+def test_a_member_that_takes_the_lead_back_counts_from_0(
+    member_a: tuple[Results, Callable[[], None]],
+) -> None:
+    results, b_leads_a_round = member_a
+    members = (A, B, C)
+    # A leads: C slow with every peer, and the pair A-B named.
+    results.set_peer_verdict("peers", members, (C,), ((A, B),), EVERY)
+    assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) == 1.0
+    # A loses the lead; B judges two sweeps (C healthy, for all A knows) that A follows.
+    b_leads_a_round()
+    b_leads_a_round()
+    # While following, A still exports its last verdict: its age is what the alerts read.
+    assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) == 1.0
+    # A leads again and names C once, in a sweep that did not measure A-B: one sweep, not two,
+    # and nothing of the verdict before (A-B's count and time) survives.
+    results.set_peer_verdict("peers", members, (C,), (), [(A, C), (B, C)])
+    assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) == 1.0
+    ab = {"member": A, "peer": B}
+    assert peers_value(results, "netmon_peer_link_suspect_sweeps", **ab) is None
+    assert peers_value(results, "netmon_peer_link_measurement_timestamp_seconds", **ab) is None
+    # Still leading: the next sweep that names C is the second in a row.
+    results.set_peer_verdict("peers", members, (C,), (), EVERY)
+    assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) == 2.0
+
+
+def test_a_member_that_leads_for_the_first_time_counts_from_0_and_on(
+    member_a: tuple[Results, Callable[[], None]],
+) -> None:
+    results, b_leads_a_round = member_a
+    b_leads_a_round()  # A started while B led
+    assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) is None
+    for count in (1.0, 2.0, 3.0):
+        results.set_peer_verdict("peers", (A, B, C), (C,), (), EVERY)
+        assert peers_value(results, "netmon_peer_suspect_sweeps", peer=C) == count
 
 
 # --- how often the PCIe links are read under load

@@ -63,7 +63,8 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # No abbreviations: `--liste` or `--conf` would reach a flag that deployments pin (the
         # Helm chart refuses --listen and --config in extraArgs by their full names).
-        super().__init__(*args, allow_abbrev=False, **kwargs)
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         # prog is "netmon" or "netmon probe": the hint names the help of the command at fault.

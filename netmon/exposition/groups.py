@@ -36,7 +36,8 @@ def group_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 def _peer_verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
     """The leader's verdicts: each member's and node pair's flag, its streak, and when a sweep
-    last measured it (the streak and time only of those measured since this leader started)."""
+    last measured it (the streak and time only of those measured since this node last took the
+    lead)."""
     names = (
         "netmon_peer_suspect",
         "netmon_peer_suspect_sweeps",

@@ -104,6 +104,10 @@ class NodePairs:
     def follow(
         self, leader: str, prefix: str, probe: ProbeConfig, plan: dict[str, Any], epoch: int
     ) -> None:
+        # Another member leads this probe's sweeps now: the sweeps it judges are not this
+        # member's to count, so a lead taken back later counts from 0. Before the bye, so that
+        # every round of another leader's sweep is noted.
+        self.rounds.results.peer_round_followed(probe.name)
         pairs = [tuple(pair) for pair in plan.get("pairs", [])]
         if not any(self.rounds.me in pair for pair in pairs):
             return  # sits this round out (an odd member count leaves one member a bye)

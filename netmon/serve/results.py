@@ -201,6 +201,11 @@ class Results:
             self._peer_verdicts.judged(probe, members, suspects, pair_suspects, measured, now)
             self._snapshot = self._build_snapshot()
 
+    def peer_round_followed(self, probe: str) -> None:
+        """A node-pair round another leads: this member's next verdict counts from 0."""
+        with self._lock:
+            self._peer_verdicts.followed(probe)
+
     def set_link_health(self, health: LinkHealth | None) -> None:
         """A reading of link health: the latest is exported; one taken under pcie-path traffic
         is kept apart as well, as the PCIe generation is judged on it alone."""
