@@ -300,9 +300,35 @@ def test_the_memory_follows_the_largest_probe_size_and_the_ranks() -> None:
             "requests": {"memory": "1Gi"},
             "limits": {"memory": "18784Mi"},
         }
-    # Kubernetes refuses a request above the limit: the chart says so first.
-    with pytest.raises(helm.HelmRenderError, match=r"memory request \(2Gi.*above the limit"):
-        render({"memory": {"largestSize": "8M", "ranks": 1, "request": "2Gi"}})
+
+
+def test_the_memory_request_is_at_most_the_limit() -> None:
+    def memory(values: dict[str, Any]) -> tuple[str, str]:
+        resources = container(render(values))["resources"]
+        return resources["requests"]["memory"], resources["limits"]["memory"]
+
+    # Two ranks and probes up to 64M: 2 x (300Mi + 128Mi), below the default 1Gi request, which
+    # becomes the limit rather than failing the render on small nodes.
+    small = {"config": {"probes": [{"name": "a", "sizes": [8, "64M"]}]}, "memory": {"ranks": 2}}
+    assert memory(small) == ("856Mi", "856Mi")
+    assert memory({**small, "memory": {"ranks": 2, "request": "2Gi"}}) == ("856Mi", "856Mi")
+    assert memory({**small, "memory": {"ranks": 2, "request": "512Mi"}}) == ("512Mi", "856Mi")
+    # An explicit limit below memory.request: the request follows it too.
+    capped = {"resources": {"limits": {"memory": "768Mi"}}}
+    assert memory(capped) == ("768Mi", "768Mi")
+    # Kubernetes refuses a request above the limit: an explicit resources.requests.memory is
+    # the operator's, so the chart says so rather than lower it.
+    for explicit in (
+        {**small, "resources": {"requests": {"memory": "1Gi"}}},
+        {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "768Mi"}}},
+    ):
+        with pytest.raises(
+            helm.HelmRenderError,
+            match=r"resources\.requests\.memory \(1Gi\) is above the memory limit \((856|768)Mi",
+        ):
+            render(explicit)
+    explicit_fits = {**small, "resources": {"requests": {"memory": "856Mi"}}}
+    assert memory(explicit_fits) == ("856Mi", "856Mi")
 
 
 def test_the_image_tag_defaults_to_the_app_version() -> None:

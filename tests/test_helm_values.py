@@ -20,7 +20,7 @@ import yaml
 from kubernetes_validate.utils import schema_contents  # type: ignore[import-untyped]
 from referencing import Registry, Resource
 
-from netmon.config import parse_config
+from netmon.config import default_probes, parse_config
 from tests import crd_schema
 from tests.test_deploy import load_yaml
 from tests.test_helm import CHART, SWEEP, rdma_values
@@ -354,6 +354,39 @@ def test_another_port_elsewhere_fails_naming_both(values: dict[str, Any], messag
         render(values)
 
 
+@pytest.mark.parametrize(
+    "listen",
+    [
+        "127.0.0.1:19464",  # netmon's own default (NetmonConfig.listen)
+        "127.0.1.1:19464",
+        "localhost:19464",
+        "LocalHost:19464",
+        "[::1]:19464",
+        "::1:19464",
+    ],
+)
+def test_a_loopback_listen_fails_naming_config_listen_and_the_fix(listen: str) -> None:
+    """netmon takes the address (a bare-metal netmon.yaml has it), but in a pod the kubelet's
+    probes and Prometheus connect to the pod's address: every pod would crash-loop."""
+    assert parse_config({"listen": listen}).listen == listen
+    fix = r"set config\.listen to 0\.0\.0\.0:19464, or remove it"
+    with pytest.raises(
+        helm.HelmRenderError,
+        match=rf"config\.listen \({re.escape(listen)}\) is a loopback address.*{fix}",
+    ):
+        render({"config": {"listen": listen}})
+
+
+@pytest.mark.parametrize(
+    "listen", ["0.0.0.0:19464", "[::]:19464", "10.0.0.5:19464", "localhost-gpu:19464", "127x:19464"]
+)
+def test_a_listen_on_another_host_renders(listen: str) -> None:
+    config = yaml.safe_load(
+        find(objects_of({"config": {"listen": listen}}), "ConfigMap")["data"]["netmon.yaml"]
+    )
+    assert config["listen"] == listen
+
+
 # What the chart refuses, by name.
 
 
@@ -373,6 +406,25 @@ def test_a_typo_fails_render_and_lint_naming_the_key(values: dict[str, Any], key
         render(values)
     report = helm.lint(CHART, values, strict=True, namespace="netmon")
     assert any(f"'{key}' not allowed" in error for error in report["errors"]), report
+
+
+def test_pod_labels_take_no_label_of_the_charts() -> None:
+    """A key in both would be a duplicate mapping key in the pod template (which Helm renders
+    without a word), and the selector's would part the pods from the DaemonSet."""
+    objects = objects_of({"podLabels": {"team": "gpu"}})
+    (daemonset,) = [o for o in objects if o["kind"] == "DaemonSet"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert labels["team"] == "gpu"
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    charts = set(labels) - {"team"}
+    assert {"app.kubernetes.io/name", "app.kubernetes.io/instance"} <= charts
+    assert "app.kubernetes.io/component" in charts, "the sweep finds the daemons by it"
+    for key in sorted(charts):
+        message = (
+            rf"podLabels: {re.escape(key)} is one of the chart's own .*remove it from podLabels"
+        )
+        with pytest.raises(helm.HelmRenderError, match=message):
+            render({"podLabels": {"team": "gpu", key: "x"}})
 
 
 @pytest.mark.parametrize(
@@ -597,6 +649,16 @@ def test_extra_args_env_and_volumes_come_after_the_charts() -> None:
 # What the operator reads.
 
 
+# A ServiceMonitor's tlsConfig: the CA of netmon's certificate, Prometheus's client certificate.
+CA = {"secret": {"name": "netmon-ca", "key": "ca.crt"}}
+CLIENT = {
+    "cert": {"secret": {"name": "prometheus-client", "key": "tls.crt"}},
+    "keySecret": {"name": "prometheus-client", "key": "tls.key"},
+}
+NO_CA = "serviceMonitor.tlsConfig has no ca"
+NO_CLIENT_CERT = "serviceMonitor.tlsConfig has no cert and keySecret"
+
+
 def test_the_notes_say_how_to_see_the_first_busbw_and_warn_on_risky_settings() -> None:
     _, notes = render({"service": {"port": 9400}})
     assert "kubectl -n netmon port-forward ds/netmon 9400:9400" in notes
@@ -606,7 +668,7 @@ def test_the_notes_say_how_to_see_the_first_busbw_and_warn_on_risky_settings() -
     assert "WARNING: the image netmon:0.1.0 names no registry" in notes
     values = {
         "image": {"registry": "r.example"},
-        "serviceMonitor": {"enabled": True},
+        "serviceMonitor": {"enabled": True, "tlsConfig": {"ca": CA, "serverName": "netmon"}},
         "webConfig": {"secretName": "w", "tls": True},
     }
     _, notes = render(values)
@@ -622,6 +684,98 @@ def test_the_notes_say_how_to_see_the_first_busbw_and_warn_on_risky_settings() -
     assert "nothing scrapes" not in notes
     _, notes = render(merged(SWEEP, {"webConfig": {"secretName": "w", "tls": True}}))
     assert "sweep.settings.ca_file is not set" in notes
+
+
+def _probe_lines(notes: str) -> list[str]:
+    start = notes.index("The first busbw appears")
+    lines = notes[start : notes.index("Read it from one node's pod:")].splitlines()[1:]
+    return [line.strip() for line in lines]
+
+
+def test_the_notes_name_netmons_default_probes_when_config_probes_is_unset() -> None:
+    # The lines stand for netmon.config.default_probes on a GPU node: they follow it.
+    small, large = default_probes(8)
+    assert (small.name, small.interval, small.sizes) == ("small", 60, (8, 256, 8 << 10, 64 << 10))
+    assert (large.name, large.interval) == ("large", 900)
+    assert large.sizes == (256 << 20, 512 << 20, 1 << 30)
+    _, notes = render({"config": {"probes": None}, "memory": {"largestSize": "1G"}})
+    assert _probe_lines(notes) == [
+        "the small probe runs every 60s (sizes 8, 256, 8K, 64K)",
+        "the large probe runs every 15m (sizes 256M, 512M, 1G)",
+        "(netmon's default probes: config.probes is not set)",
+    ]
+    _, notes = render({"config": {"probes": []}, "memory": {"largestSize": "1G"}})
+    assert parse_config({"probes": []}).probes == ()
+    assert _probe_lines(notes) == [
+        "none: config.probes is empty, so netmon runs no probes (remove it for netmon's default"
+        " probes)"
+    ]
+    # netmon reads a number as seconds, and runs a probe without an interval every 60 s.
+    (unset,) = parse_config({"probes": [{"name": "x", "sizes": [8]}]}).probes or ()
+    assert unset.interval == 60
+    probes = [{"name": "x", "sizes": "8,1G", "interval": 30}, {"name": "y", "sizes": [8]}]
+    _, notes = render({"config": {"probes": probes}})
+    assert _probe_lines(notes) == [
+        "the x probe runs every 30s (sizes 8,1G)",
+        "the y probe runs every 60s (sizes 8)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("web", "monitor", "warnings"),
+    [
+        ({"tls": True}, {"enabled": True}, {NO_CA}),
+        ({"tls": True}, {"enabled": True, "tlsConfig": {"serverName": "netmon"}}, {NO_CA}),
+        ({"tls": True}, {"enabled": True, "tlsConfig": {"ca": CA}}, set()),
+        ({"tls": True}, {"enabled": True, "tlsConfig": {"insecureSkipVerify": True}}, set()),
+        # Whoever scrapes without the operator brings a scrape config of its own.
+        ({"tls": True}, {"enabled": False}, set()),
+        ({"tls": False}, {"enabled": True}, set()),
+        (
+            {"tls": True, "requireClientCert": True},
+            {"enabled": True, "tlsConfig": {"ca": CA}},
+            {NO_CLIENT_CERT},
+        ),
+        (
+            {"tls": True, "requireClientCert": True},
+            {"enabled": True, "tlsConfig": {"ca": CA, "cert": CLIENT["cert"]}},
+            {NO_CLIENT_CERT},
+        ),
+        (
+            {"tls": True, "requireClientCert": True},
+            {"enabled": True},
+            {NO_CA, NO_CLIENT_CERT},
+        ),
+        (
+            {"tls": True, "requireClientCert": True},
+            {"enabled": True, "tlsConfig": {"ca": CA, **CLIENT}},
+            set(),
+        ),
+    ],
+    ids=[
+        "tls-no-tlsconfig",
+        "tls-server-name-only",
+        "tls-ca",
+        "tls-skip-verify",
+        "tls-no-servicemonitor",
+        "plain",
+        "client-cert-missing",
+        "client-key-missing",
+        "both-missing",
+        "client-cert",
+    ],
+)
+def test_the_notes_warn_when_the_servicemonitor_cannot_scrape_tls(
+    web: dict[str, Any], monitor: dict[str, Any], warnings: set[str]
+) -> None:
+    """Prometheus checks netmon's certificate against its system CAs unless tlsConfig names
+    one, and has no client certificate unless tlsConfig gives it one: the scrapes would fail."""
+    secret = {"secretName": "w"} if web["tls"] else {}
+    _, notes = render({"webConfig": {**secret, **web}, "serviceMonitor": monitor})
+    assert {w for w in (NO_CA, NO_CLIENT_CERT) if w in notes} == warnings
+    for warning in warnings:
+        (paragraph,) = [p for p in notes.split("\n\n") if warning in p]
+        assert paragraph.startswith("WARNING: ")
 
 
 def _value_paths(values: dict[str, Any], schema: dict[str, Any], path: str = "") -> Iterator[str]:

@@ -59,7 +59,9 @@ the ServiceMonitor and the sweep's daemon_port all take service.port. */}}
 {{- end -}}
 
 {{/* HOST:PORT that netmon listens on: the host of config.listen (0.0.0.0 without one) and
-service.port. A config.listen on another port is refused rather than half-followed. */}}
+service.port. A config.listen on another port is refused rather than half-followed, and so is a
+loopback host (netmon's own default is 127.0.0.1:19464): the kubelet's probes and Prometheus
+connect to the pod's address, so every pod would fail its probes and restart. */}}
 {{- define "netmon.listen" -}}
 {{- $port := include "netmon.port" . -}}
 {{- $host := "0.0.0.0" -}}
@@ -67,6 +69,10 @@ service.port. A config.listen on another port is refused rather than half-follow
 {{- $listen := toString . -}}
 {{- if not (regexMatch "^(\\[[0-9A-Fa-f:]+\\]|[A-Za-z0-9_.:-]*):[0-9]{1,5}$" $listen) -}}
 {{- fail (printf "config.listen: %q is not HOST:PORT like 0.0.0.0:%s" $listen $port) -}}
+{{- end -}}
+{{- $listenHost := regexReplaceAll ":[0-9]+$" $listen "" | trimPrefix "[" | trimSuffix "]" -}}
+{{- if regexMatch "(?i)^(localhost\\.?|127\\.[0-9.]+|::1|(0+:){7}0*1|::ffff:127\\.[0-9.]+)$" $listenHost -}}
+{{- fail (printf "config.listen (%s) is a loopback address, which the kubelet's probes and Prometheus cannot reach (they connect to the pod's address): set config.listen to 0.0.0.0:%s, or remove it (the chart then listens on 0.0.0.0:<service.port>)" $listen $port) -}}
 {{- end -}}
 {{- $given := regexFind "[0-9]+$" $listen -}}
 {{- if ne $given $port -}}
@@ -284,18 +290,23 @@ does not read (1.5Gi, 100m): only a quantity read here is compared. */}}
 {{- end -}}
 
 {{/* The netmon container's resources: the memory request is memory.request (what the daemon
-holds between probes), the limit the computed figure (what a probe holds at its largest size);
+holds between probes) or the limit where that is less (small probes on few ranks compute a limit
+below the default 1Gi), the limit the computed figure (what a probe holds at its largest size);
 resources.requests.memory and resources.limits.memory win. null is empty. */}}
 {{- define "netmon.resources" -}}
 {{- $resources := .Values.resources | default dict -}}
 {{- $requests := deepCopy ($resources.requests | default dict) -}}
 {{- $limits := deepCopy ($resources.limits | default dict) -}}
-{{- if not $requests.memory }}{{ $_ := set $requests "memory" .Values.memory.request }}{{ end -}}
+{{- $explicit := not (empty $requests.memory) -}}
+{{- if not $explicit }}{{ $_ := set $requests "memory" .Values.memory.request }}{{ end -}}
 {{- if not $limits.memory }}{{ $_ := set $limits "memory" (include "netmon.memory" .) }}{{ end -}}
 {{- $request := include "netmon.quantityBytes" $requests.memory -}}
 {{- $limit := include "netmon.quantityBytes" $limits.memory -}}
 {{- if and $request $limit (gt ($request | atoi) ($limit | atoi)) -}}
-{{- fail (printf "the memory request (%v, memory.request or resources.requests.memory) is above the limit (%v, computed from memory.* or resources.limits.memory): Kubernetes refuses such a pod; lower the request or raise the limit" $requests.memory $limits.memory) -}}
+{{- if $explicit -}}
+{{- fail (printf "resources.requests.memory (%v) is above the memory limit (%v, computed from memory.* or resources.limits.memory): Kubernetes refuses such a pod; lower resources.requests.memory or raise the limit" $requests.memory $limits.memory) -}}
+{{- end -}}
+{{- $_ := set $requests "memory" $limits.memory -}}
 {{- end -}}
 {{- toYaml (dict "requests" $requests "limits" $limits) -}}
 {{- end -}}
@@ -357,6 +368,15 @@ netmon reads it ("90s", "30m", "1h"). */}}
 {{- $web := .Values.webConfig -}}
 {{- if and (not $web.secretName) (or $web.tls $web.requireClientCert) -}}
 {{- fail "webConfig.tls and webConfig.requireClientCert describe the web-config file in webConfig.secretName: set webConfig.secretName" -}}
+{{- end -}}
+{{- /* The pod's labels are the chart's and podLabels in one mapping: a key in both is a
+duplicate key, and the selector's or component's would part the pods from the DaemonSet, the
+Service and the sweep's daemon_labels. */ -}}
+{{- $charts := include "netmon.labels" . | fromYaml -}}
+{{- range $key, $_ := (.Values.podLabels | default dict) -}}
+{{- if hasKey $charts $key -}}
+{{- fail (printf "podLabels: %s is one of the chart's own pod labels (%s; name and instance are the DaemonSet's selector): remove it from podLabels" $key (keys $charts | sortAlpha | join ", ")) -}}
+{{- end -}}
 {{- end -}}
 {{- if and $web.requireClientCert (not $web.tls) -}}
 {{- fail "webConfig.requireClientCert needs webConfig.tls: client certificates come with tls_server_config" -}}
