@@ -103,6 +103,13 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
             before_log = len(_PROBE_OK.findall(daemon.log()))
             cpu0, runs0, t0 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
             time.sleep(window_s)
+            # At least one run in the window, however long a run takes on a loaded host (a
+            # spawned one took 5.2 s beside a CPU hog): a window of none measures nothing.
+            deadline = time.monotonic() + 120
+            while runs(daemon) == runs0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no run within 120 s: {daemon.log()[-1500:]}")
+                time.sleep(0.05)
             cpu1, runs1, t1 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
             walls = [float(w) for _, w in _PROBE_OK.findall(daemon.log())[before_log:]]
         finally:
