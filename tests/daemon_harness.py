@@ -119,6 +119,7 @@ class DaemonProcess:
         name: str = "netmon",
         netns: str | None = None,
         hostname: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         # In a network namespace the daemon runs under `ip netns exec`, and so do the scrapes;
         # with `hostname`, in a UTS namespace of its own under that name (a Slurm node's).
@@ -132,7 +133,7 @@ class DaemonProcess:
         self.log_path = tmp_path / f"{name}.log"
         # Every process the daemon starts inherits this tag, so the test can find leftovers.
         self.tag = uuid.uuid4().hex
-        env = {**os.environ, "NETMON_TEST_TAG": self.tag}
+        env = {**os.environ, "NETMON_TEST_TAG": self.tag, **(env or {})}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [

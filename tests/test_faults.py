@@ -24,7 +24,10 @@ def ranks_of(daemon: DaemonProcess) -> list[int]:
 def test_a_daemon_killed_mid_probe_leaves_no_rank_behind(
     daemons: list[DaemonProcess], tmp_path: Path
 ) -> None:
-    daemon = DaemonProcess(tmp_path, fast_config(tmp_path, probes=[LONG]), "first")
+    temp = tmp_path / "tmp"  # the daemons' own temp dir: what a probe left is theirs alone
+    temp.mkdir()
+    env = {"TMPDIR": str(temp)}
+    daemon = DaemonProcess(tmp_path, fast_config(tmp_path, probes=[LONG]), "first", env=env)
     daemons.append(daemon)
     wait_until(lambda: len(ranks_of(daemon)) >= 2, 60, "the long probe's ranks")
     orphans = ranks_of(daemon)
@@ -35,7 +38,9 @@ def test_a_daemon_killed_mid_probe_leaves_no_rank_behind(
         15,
         "the orphaned ranks to exit",
     )
-    again = DaemonProcess(tmp_path, fast_config(tmp_path), "second")
+    left = [p.name for p in temp.iterdir() if p.name.startswith("netmon-probe-")]
+    assert len(left) == 1, left  # the killed probe's stderr files and logs
+    again = DaemonProcess(tmp_path, fast_config(tmp_path), "second", env=env)
     daemons.append(again)
     wait_until(
         lambda: (again.value("netmon_probe_runs_total", probe="small") or 0) >= 1,
@@ -43,6 +48,8 @@ def test_a_daemon_killed_mid_probe_leaves_no_rank_behind(
         "the restarted daemon to probe",
     )
     assert again.stop() == 0
+    # The next probe removed the directory whose lock died with the killed daemon.
+    assert [p.name for p in temp.iterdir() if p.name.startswith("netmon-probe-")] == []
 
 
 def test_a_stopped_rank_is_a_counted_timeout_and_scrapes_stay_fast(

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import selectors
-import shutil
 import signal
 import socket
 import sys
@@ -52,6 +51,7 @@ from netmon.probe.spec import (
     SizeResult,
 )
 from netmon.probe.starting import RankStarter, base_env, orphan_gone
+from netmon.probe.workdirs import probe_workdir
 
 AbortCheck = Callable[[], "str | None"]
 EventHook = Callable[[str, dict[str, Any]], None]
@@ -118,20 +118,19 @@ class Launcher:
     def run(self) -> ProbeOutcome:
         started_at = time.time()
         self._start = time.monotonic()
-        workdir = Path(tempfile.mkdtemp(prefix="netmon-probe-"))
         failure: ProbeFailure | None = None
-        self._workdir = workdir
         transports: tuple[str, ...] = ()
         faults: tuple[str, ...] = ()
-        try:
-            failure = self._spawn_all(workdir)
-            if failure is None:
-                failure = self._supervise()
-        finally:
-            self._terminate_all()
-            self._starter.close()
-            transports, faults = self._transports(workdir)
-            shutil.rmtree(workdir, ignore_errors=True)
+        with probe_workdir() as workdir:
+            self._workdir = workdir
+            try:
+                failure = self._spawn_all(workdir)
+                if failure is None:
+                    failure = self._supervise()
+            finally:
+                self._terminate_all()
+                self._starter.close()
+                transports, faults = self._transports(workdir)
         return ProbeOutcome(
             spec=self.spec,
             results=tuple(self._results),
