@@ -9,6 +9,7 @@ found it: every link healthy, every node idle, no job.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import sys
@@ -27,7 +28,9 @@ from tests.slurm_cluster import SlurmCluster
 
 HEALTHY = "400mbit"
 CUT = "120mbit"  # 30 %
-NODES = 6
+# Six as the acceptance asks; NETMON_TEST_SLURM_NODES runs the same tests on another size (an
+# odd one puts a trio in round 1).
+NODES = int(os.environ.get("NETMON_TEST_SLURM_NODES", "6"))
 PAIR_SIZE = "4M"
 
 
@@ -304,7 +307,8 @@ def test_slurmctld_stopped_mid_sweep_ends_the_sweep_cleanly(clean: Sweeps) -> No
 def test_slurmd_killed_mid_pair_ends_the_sweep_cleanly(clean: Sweeps) -> None:
     config = clean.config("slurmd", iters=60, deadline=30, pair_timeout=20)
     started = time.monotonic()
-    sweep = clean.cluster.popen(clean.argv(config, "--nodelist", "n5,n6"))
+    swept = clean.cluster.node_names[-2:]
+    sweep = clean.cluster.popen(clean.argv(config, "--nodelist", ",".join(swept)))
     wait_for(lambda: _sweep_jobs_running(clean.cluster), 60, "pairs to run")
     # A second sweep never starts beside it: not from here (the lock), nor from elsewhere
     # (another state dir: the first one's pair jobs are in the queue).
@@ -313,7 +317,7 @@ def test_slurmd_killed_mid_pair_ends_the_sweep_cleanly(clean: Sweeps) -> None:
         refused = clean.cluster.run(clean.argv(second), timeout=60)
         assert refused.returncode == 3, refused.stderr
         assert "another sweep" in refused.stderr and json.loads(refused.stdout)["error"]
-    victim = clean.cluster.node_names[-1]
+    victim = swept[-1]
     clean.cluster.kill_slurmd(victim)
     out, err = sweep.communicate(timeout=150)
     assert time.monotonic() - started < 30 + 10
