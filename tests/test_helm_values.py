@@ -657,6 +657,7 @@ CLIENT = {
 }
 NO_CA = "serviceMonitor.tlsConfig has no ca"
 NO_CLIENT_CERT = "serviceMonitor.tlsConfig has no cert and keySecret"
+WRONG_SCHEME = "every scrape fails. Leave serviceMonitor.scheme empty"
 
 
 def test_the_notes_say_how_to_see_the_first_busbw_and_warn_on_risky_settings() -> None:
@@ -751,6 +752,11 @@ def test_the_notes_name_netmons_default_probes_when_config_probes_is_unset() -> 
             {"enabled": True, "tlsConfig": {"ca": CA, **CLIENT}},
             set(),
         ),
+
+        ({"tls": True}, {"enabled": True, "scheme": "http"}, {NO_CA, WRONG_SCHEME}),
+        ({"tls": True}, {"enabled": True, "scheme": "https", "tlsConfig": {"ca": CA}}, set()),
+        ({"tls": False}, {"enabled": True, "scheme": "https"}, {WRONG_SCHEME}),
+        ({"tls": False}, {"enabled": True, "scheme": "http"}, set()),
     ],
     ids=[
         "tls-no-tlsconfig",
@@ -763,6 +769,10 @@ def test_the_notes_name_netmons_default_probes_when_config_probes_is_unset() -> 
         "client-key-missing",
         "both-missing",
         "client-cert",
+        "tls-scheme-http",
+        "tls-scheme-https",
+        "plain-scheme-https",
+        "plain-scheme-http",
     ],
 )
 def test_the_notes_warn_when_the_servicemonitor_cannot_scrape_tls(
@@ -772,7 +782,7 @@ def test_the_notes_warn_when_the_servicemonitor_cannot_scrape_tls(
     one, and has no client certificate unless tlsConfig gives it one: the scrapes would fail."""
     secret = {"secretName": "w"} if web["tls"] else {}
     _, notes = render({"webConfig": {**secret, **web}, "serviceMonitor": monitor})
-    assert {w for w in (NO_CA, NO_CLIENT_CERT) if w in notes} == warnings
+    assert {w for w in (NO_CA, NO_CLIENT_CERT, WRONG_SCHEME) if w in notes} == warnings
     for warning in warnings:
         (paragraph,) = [p for p in notes.split("\n\n") if warning in p]
         assert paragraph.startswith("WARNING: ")
