@@ -408,7 +408,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     inconclusive={("large", "disturbed"): 4, ("large", "settling"): 2},
     series_results={"large": 9},
     reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
-    sweep=SweepView(_SWEEP, 2, {"accepted": 2, "refused": 1}),
+    sweep=SweepView(_SWEEP, 2, 1, {"accepted": 2, "refused": 1}),
 )
 
 

@@ -9,6 +9,8 @@ import base64
 import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,6 +34,8 @@ from netmon.sweep.node_report import MAX_RESULTS, SEAL_GROUP, NodeReport, PeerRe
 from tests.conftest import wait_for
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file, series
 from tests.test_http_hostile import exchange, status
+
+BENCH_ALERTS = Path(__file__).resolve().parent.parent / "bench" / "sweep_alerts.py"
 
 SECRET_TEXT = "netmon-test-sweep-secret-0123456789"
 SECRET = SECRET_TEXT.encode()
@@ -193,10 +197,37 @@ def test_sweeps_in_a_row_count_up_reset_and_survive_the_document() -> None:
         {"version": 2},
         {"version": 1, "suspect_sweeps": -1, "report": None},
         {"version": 1, "suspect_sweeps": 1, "report": {"node": "n1"}},
+        {"version": 1, "suspect_sweeps": 0, "recent": [1, 0], "report": None},
+        {"version": 1, "suspect_sweeps": 0, "recent": [False] * 13, "report": None},
     ]
     for bad in bad_documents:
         with pytest.raises(ValueError):
             SweepState.from_json(bad)
+    # A document saved before the recent verdicts were kept has none yet.
+    older = {"version": 1, "suspect_sweeps": 2, "report": None}
+    assert SweepState.from_json(older) == SweepState(None, 2, ())
+
+
+def _states(named: str) -> SweepState:
+    """The state after sweeps that named the node (x) or not (.)."""
+    state = SweepState()
+    for mark in named:
+        state = state.after(report(suspect=mark == "x"))
+    return state
+
+
+def test_a_fault_that_comes_and_goes_counts_onsets_and_a_steady_one_counts_one() -> None:
+    assert _states("").suspect_onsets == 0
+    assert _states("....").suspect_onsets == 0
+    assert _states("xxxxxxxxxxxxxxxxxx").suspect_onsets == 1  # however long it lasts
+    assert _states("xxxxxxxxxxx.....").suspect_onsets == 1  # and after its repair
+    assert _states("x..x.xx...x.").suspect_onsets == 4
+    flapping = _states("x..x.xx...x.")
+    assert flapping.suspect_sweeps == 0 and len(flapping.recent) == inbox.RECENT_SWEEPS
+    # The first sweep of the window counts as an onset when it named the node.
+    assert _states(".x.x.x" + "." * (inbox.RECENT_SWEEPS - 1)).suspect_onsets == 1
+    assert _states("x" + "." * inbox.RECENT_SWEEPS).suspect_onsets == 0  # rolled out
+    assert SweepState.from_json(json.loads(json.dumps(flapping.to_json()))) == flapping
 
 
 def test_the_node_is_known_by_its_short_host_name_and_its_full_one() -> None:
@@ -212,7 +243,7 @@ def test_the_inbox_saves_what_it_accepts_and_sets_a_corrupt_file_aside(tmp_path:
     shown: list[SweepView] = []
     clock = [NOW]
     box = SweepInbox(SECRET, NAMES, path, shown.append, clock=lambda: clock[0])
-    assert shown[-1] == SweepView(None, 0, {"accepted": 0, "malformed": 0, "refused": 0})
+    assert shown[-1] == SweepView(None, 0, 0, {"accepted": 0, "malformed": 0, "refused": 0})
     assert box.receive(seal(report(suspect=True)).encode()) == (204, "accepted")
     clock[0] += 3600
     later = report(at=clock[0], suspect=True, peers=("n3",))
@@ -220,7 +251,7 @@ def test_the_inbox_saves_what_it_accepts_and_sets_a_corrupt_file_aside(tmp_path:
     code, why = box.receive(seal(later).encode())
     assert code == 403 and "not newer" in why
     assert box.receive(b"\xff\xfe")[0] == 400
-    assert shown[-1] == SweepView(later, 2, {"accepted": 2, "malformed": 1, "refused": 1})
+    assert shown[-1] == SweepView(later, 2, 1, {"accepted": 2, "malformed": 1, "refused": 1})
 
     again: list[SweepView] = []
     SweepInbox(SECRET, NAMES, path, again.append)
@@ -365,6 +396,7 @@ def test_a_daemon_exports_delivered_sweeps_and_keeps_them_across_a_restart(
     }
     assert found["netmon_sweep_suspect"] == {_labels(peer=""): 1.0}
     assert found["netmon_sweep_suspect_sweeps"] == {_labels(): 1.0}
+    assert found["netmon_sweep_suspect_onsets"] == {_labels(): 1.0}
     assert found["netmon_sweep_last_timestamp_seconds"] == {_labels(): now - 5}
 
     second = report(node=me, at=time.time() + 1, suspect=True, peers=("n2",))
@@ -410,6 +442,7 @@ def test_a_daemon_exports_delivered_sweeps_and_keeps_them_across_a_restart(
     daemons.append(restarted)
     found = _scrape_sweep(restarted)
     assert found["netmon_sweep_suspect_sweeps"] == {_labels(): 2.0}
+    assert found["netmon_sweep_suspect_onsets"] == {_labels(): 1.0}  # kept with the state
     assert found["netmon_sweep_suspect"] == {_labels(peer="n2"): 1.0}
     assert found["netmon_sweep_last_timestamp_seconds"] == {_labels(): second.finished_at}
     assert set(found["netmon_sweep_reports_total"].values()) == {0.0}  # counters start at 0
@@ -417,3 +450,20 @@ def test_a_daemon_exports_delivered_sweeps_and_keeps_them_across_a_restart(
     assert post(restarted.port, seal(second).encode())[0] == 403
     wait_for(lambda: "report refused" in restarted.log(), 10, "the refusal in the log")
     assert restarted.stop() == 0
+
+
+def test_the_flapping_alert_catches_more_flaps_and_holds_longer_than_two_in_a_row() -> None:
+    """bench/sweep_alerts.py on few nodes: a fault named in 3 sweeps of 10, swept hourly for a
+    day, is caught more often with the onsets beside the sweeps in a row, and stays caught."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH_ALERTS), "--json", "--nodes", "300"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {row["p_named"]: row for row in json.loads(done.stdout)["rows"]}
+    flap = rows[0.32]
+    assert flap["either_fired"] > flap["in_a_row_fired"] + 0.05
+    assert flap["either_held_after_first"] > 2 * flap["in_a_row_held_after_first"]
+    assert rows[0.001]["either_fired"] < 0.02  # a healthy large fabric, a month of sweeps

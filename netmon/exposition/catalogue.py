@@ -328,6 +328,10 @@ CATALOGUE: tuple[Family, ...] = (
     Family("sweep", "netmon_sweep_suspect_sweeps", "gauge", "", (),
            "Sweeps in a row, as delivered here, that named this node; 0 when the last did not",
            "sweep"),
+    Family("sweep", "netmon_sweep_suspect_onsets", "gauge", "", (),
+           "Of the last 12 sweeps delivered here, how many named this node when the one before "
+           "had not (the first of them counts when it named it): a fault that comes and goes",
+           "sweep"),
     Family("sweep", "netmon_sweep_last_timestamp_seconds", "gauge", "seconds", (),
            "When the last sweep delivered here finished", "sweep"),
     Family("sweep", "netmon_sweep_reports", "counter", "", ("outcome",),

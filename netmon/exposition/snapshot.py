@@ -147,10 +147,12 @@ class GroupView:
 @dataclass(frozen=True)
 class SweepView:
     """What cluster sweeps delivered to this node (POST /sweep): the last report accepted, the
-    sweeps in a row that named this node, and deliveries by outcome."""
+    sweeps in a row that named this node, how often the recent sweeps started naming it again,
+    and deliveries by outcome."""
 
     report: NodeReport | None = None
     suspect_sweeps: int = 0
+    suspect_onsets: int = 0
     reports: Mapping[str, int] = field(default_factory=dict)
 
 

@@ -24,7 +24,9 @@ def sweep_families(snapshot: Snapshot) -> Iterator[Metric]:
         reports.add_metric([outcome], float(view.reports.get(outcome, 0)))
     in_a_row = family("netmon_sweep_suspect_sweeps", snapshot)
     in_a_row.add_metric([], float(view.suspect_sweeps))
-    yield from (reports, in_a_row)
+    onsets = family("netmon_sweep_suspect_onsets", snapshot)
+    onsets.add_metric([], float(view.suspect_onsets))
+    yield from (reports, in_a_row, onsets)
     if view.report is not None:
         yield from _result_families(view.report, snapshot)
         yield from _verdict_families(view.report, snapshot)

@@ -106,7 +106,9 @@ class SweepInbox:
         return 204, "accepted"
 
     def _show(self) -> None:
-        self._publish(SweepView(self._state.report, self._state.suspect_sweeps, dict(self._counts)))
+        state = self._state
+        counts = dict(self._counts)
+        self._publish(SweepView(state.report, state.suspect_sweeps, state.suspect_onsets, counts))
 
     def _save(self) -> None:
         if self._path is None:

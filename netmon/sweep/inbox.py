@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, ClassVar
 
 from pydantic import ValidationError
@@ -22,6 +23,9 @@ MAX_REPORT_BYTES = 64 << 10
 # How each delivery is counted (netmon_sweep_reports_total{outcome}).
 REPORT_OUTCOMES = ("accepted", "malformed", "refused")
 STATE_VERSION = 1
+# The sweeps a node's daemon remembers the verdicts of, to tell a fault that comes and goes: at
+# one sweep an hour, half a day.
+RECENT_SWEEPS = 12
 _MESSAGE_CHARS = 200  # what an answer's one line may carry of a reason
 
 
@@ -130,31 +134,51 @@ def _short(text: str) -> str:
 
 @dataclass(frozen=True)
 class SweepState:
-    """What the accepted reports leave: the last one, and how many sweeps in a row named this
-    node (a sweep that did not measure it delivers nothing and changes nothing)."""
+    """What the accepted reports leave: the last one, how many sweeps in a row named this node,
+    and whether each of the last RECENT_SWEEPS named it, oldest first (a sweep that did not
+    measure the node delivers nothing and changes nothing)."""
 
     report: NodeReport | None = None
     suspect_sweeps: int = 0
+    recent: tuple[bool, ...] = ()
 
     def after(self, report: NodeReport) -> SweepState:
-        return SweepState(report, self.suspect_sweeps + 1 if report.suspect else 0)
+        in_a_row = self.suspect_sweeps + 1 if report.suspect else 0
+        return SweepState(report, in_a_row, (*self.recent, report.suspect)[-RECENT_SWEEPS:])
 
     @property
     def last_sweep(self) -> str | None:
         return self.report.sweep if self.report is not None else None
 
+    @property
+    def suspect_onsets(self) -> int:
+        """How often, in the recent sweeps, one named the node after one that did not (or as
+        the first): a fault that comes and goes starts one each time it comes back."""
+        return sum(named and not before for before, named in pairwise((False, *self.recent)))
+
     def to_json(self) -> dict[str, Any]:
         report = self.report.model_dump(mode="json") if self.report is not None else None
-        return {"version": STATE_VERSION, "suspect_sweeps": self.suspect_sweeps, "report": report}
+        return {
+            "version": STATE_VERSION,
+            "suspect_sweeps": self.suspect_sweeps,
+            "recent": list(self.recent),
+            "report": report,
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> SweepState:
-        """ValueError when `data` is not a state document of this version."""
+        """ValueError when `data` is not a state document of this version (one saved before
+        `recent` existed has none yet)."""
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             raise ValueError(f"not a sweep state document of version {STATE_VERSION}")
         count = data.get("suspect_sweeps")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"suspect_sweeps: a count >= 0, not {count!r}")
+        recent = data.get("recent", [])
+        if not isinstance(recent, list) or len(recent) > RECENT_SWEEPS:
+            raise ValueError(f"recent: a list of at most {RECENT_SWEEPS} booleans")
+        if not all(isinstance(named, bool) for named in recent):
+            raise ValueError(f"recent: booleans only, not {recent!r}")
         raw = data.get("report")
         report = NodeReport.model_validate(raw) if raw is not None else None
-        return cls(report, count)
+        return cls(report, count, tuple(recent))
