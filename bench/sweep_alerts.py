@@ -59,10 +59,10 @@ def summarise(p: float, sweeps: int, nodes: int, seed: int) -> dict[str, Any]:
     runs = [_node(p, sweeps, rng) for _ in range(nodes)]
     row: dict[str, Any] = {"p_named": p, "sweeps": sweeps, "nodes": nodes}
     for key in ("in_a_row", "either"):
-        fired = [run[key][0] for run in runs if run[key][0] is not None]
+        fired = [(first, held) for first, held in (run[key] for run in runs) if first is not None]
         row[f"{key}_fired"] = round(len(fired) / nodes, 4)
-        row[f"{key}_median_sweep"] = statistics.median(fired) if fired else None
-        after = [run[key][1] / (sweeps - run[key][0] + 1) for run in runs if run[key][0]]
+        row[f"{key}_median_sweep"] = statistics.median(f for f, _ in fired) if fired else None
+        after = [held / (sweeps - first + 1) for first, held in fired]
         row[f"{key}_held_after_first"] = round(statistics.mean(after), 3) if after else None
     return row
 

@@ -752,7 +752,6 @@ def test_the_notes_name_netmons_default_probes_when_config_probes_is_unset() -> 
             {"enabled": True, "tlsConfig": {"ca": CA, **CLIENT}},
             set(),
         ),
-
         ({"tls": True}, {"enabled": True, "scheme": "http"}, {NO_CA, WRONG_SCHEME}),
         ({"tls": True}, {"enabled": True, "scheme": "https", "tlsConfig": {"ca": CA}}, set()),
         ({"tls": False}, {"enabled": True, "scheme": "https"}, {WRONG_SCHEME}),
