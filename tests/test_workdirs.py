@@ -6,10 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
-from netmon.probe.workdirs import LOCK, PREFIX, UNLOCKED_GRACE_S, probe_workdir, remove_stale
+from netmon.probe.workdirs import (
+    LOCK,
+    MAKING,
+    PREFIX,
+    UNLOCKED_GRACE_S,
+    probe_workdir,
+    remove_stale,
+)
 
 HOLDER = """
 import sys, time
@@ -51,6 +59,7 @@ def test_a_killed_probes_directory_goes_and_a_live_ones_stays(tmp_path: Path) ->
 
 
 def test_only_old_unlocked_directories_of_ours_are_removed(tmp_path: Path) -> None:
+    # (Another user's directory is skipped by its owner; that needs a second user to show.)
     making = tmp_path / f"{PREFIX}making"  # mkdtemp done, lock not yet made
     making.mkdir()
     old = tmp_path / f"{PREFIX}old"  # left by a netmon from before the lock
@@ -78,5 +87,38 @@ def test_only_old_unlocked_directories_of_ours_are_removed(tmp_path: Path) -> No
     assert (elsewhere / LOCK).exists()  # a link is never followed
 
 
-def test_an_unreadable_root_removes_nothing(tmp_path: Path) -> None:
+def test_a_missing_root_removes_nothing(tmp_path: Path) -> None:
     assert remove_stale(tmp_path / "missing") == []
+
+
+def test_probes_made_at_once_never_remove_each_others_directories(tmp_path: Path) -> None:
+    """A pair sweep makes every pair's directory at the same moment, in threads: each probe's
+    clean-up runs while the others make and lock theirs."""
+    lost: list[str] = []
+    made = [0]
+
+    def probe_again_and_again() -> None:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with probe_workdir(tmp_path) as path:
+                try:
+                    (path / "rank0.stderr").write_text("")
+                except OSError as exc:
+                    lost.append(str(exc))
+                made[0] += 1
+
+    threads = [threading.Thread(target=probe_again_and_again) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert made[0] > 100 and lost == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_left_while_being_made_goes_once_old(tmp_path: Path) -> None:
+    making = tmp_path / f"{MAKING}abc"
+    making.mkdir()
+    (making / LOCK).write_text("")  # made, its lock not yet taken: kept while young
+    assert remove_stale(tmp_path) == []
+    assert remove_stale(tmp_path, now=time.time() + UNLOCKED_GRACE_S + 5) == [making.name]

@@ -22,9 +22,13 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PREFIX = "netmon-probe-"
+# A directory is made and locked under this name, then renamed to PREFIX: no clean-up ever sees
+# a PREFIX directory between its making and its lock (pair probes make theirs at once, in
+# threads of one process).
+MAKING = ".netmon-probe-new-"
 LOCK = ".lock"
-# A directory without its lock file is either being made (mkdtemp, then the lock) or was left by
-# a netmon from before the lock: removed only once it is older than any making could take.
+# A directory left while being made, or by a netmon from before the lock, has no lock to tell:
+# removed only once it is older than any making or probe could take.
 UNLOCKED_GRACE_S = 600.0
 
 
@@ -34,15 +38,31 @@ def probe_workdir(root: Path | None = None) -> Iterator[Path]:
     that dead probes left are removed first."""
     base = root if root is not None else Path(tempfile.gettempdir())
     remove_stale(base)
-    path = Path(tempfile.mkdtemp(prefix=PREFIX, dir=base))
-    lock = os.open(path / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    path, lock = _make_locked(base)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
         yield path
     finally:
         # Removed while still locked, so no other probe's clean-up takes it for a stale one.
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock)
+
+
+def _make_locked(base: Path) -> tuple[Path, int]:
+    making = Path(tempfile.mkdtemp(prefix=MAKING, dir=base))
+    lock = -1
+    try:
+        lock = os.open(making / LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = base / (PREFIX + making.name.removeprefix(MAKING))
+        # The random part is mkdtemp's; a live directory of the same name is never empty, and a
+        # rename fails rather than replace it.
+        os.rename(making, path)
+    except BaseException:
+        shutil.rmtree(making, ignore_errors=True)
+        if lock >= 0:
+            os.close(lock)
+        raise
+    return path, lock
 
 
 def remove_stale(root: Path, now: float | None = None) -> list[str]:
@@ -56,7 +76,7 @@ def remove_stale(root: Path, now: float | None = None) -> list[str]:
         return removed
     clock = time.time() if now is None else now
     for entry in entries:
-        if entry.name.startswith(PREFIX) and _is_stale(entry, clock):
+        if entry.name.startswith((PREFIX, MAKING)) and _is_stale(entry, clock):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.name)
     if removed:
@@ -71,6 +91,8 @@ def _is_stale(entry: os.DirEntry[str], now: float) -> bool:
         return False
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         return False
+    if entry.name.startswith(MAKING) and now - info.st_mtime <= UNLOCKED_GRACE_S:
+        return False  # maybe being made: its lock may not be taken yet
     try:
         lock = os.open(Path(entry.path) / LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
