@@ -39,7 +39,8 @@ def _report(index: int, named: bool) -> NodeReport:
 
 def _node(p: float, sweeps: int, rng: random.Random) -> dict[str, tuple[int | None, int]]:
     """Per condition: the first sweep after which it holds (None: never), and after how many
-    of the sweeps it holds (an alert that comes and goes with the fault holds for few)."""
+    of the sweeps it holds, that one included (an alert that comes and goes with the fault
+    holds for few)."""
     state = SweepState()
     first: dict[str, int | None] = {"in_a_row": None, "either": None}
     held = {"in_a_row": 0, "either": 0}
@@ -62,8 +63,10 @@ def summarise(p: float, sweeps: int, nodes: int, seed: int) -> dict[str, Any]:
         fired = [(first, held) for first, held in (run[key] for run in runs) if first is not None]
         row[f"{key}_fired"] = round(len(fired) / nodes, 4)
         row[f"{key}_median_sweep"] = statistics.median(f for f, _ in fired) if fired else None
-        after = [held / (sweeps - first + 1) for first, held in fired]
-        row[f"{key}_held_after_first"] = round(statistics.mean(after), 3) if after else None
+        # The sweeps after the first firing, pooled over the nodes: the first always fires.
+        after = sum(sweeps - first for first, _ in fired)
+        still = sum(held - 1 for _, held in fired)
+        row[f"{key}_held_after_first"] = round(still / after, 3) if after else None
     return row
 
 

@@ -204,7 +204,7 @@ def test_amtool_accepts_every_alertmanager_file(tmp_path: Path) -> None:
         path = tmp_path / name
         path.write_text(yaml.safe_dump(document))
         output = run(amtool, "check-config", str(path))
-        assert "SUCCESS" in output and "5 inhibit rules" in output, (name, output)
+        assert "SUCCESS" in output and "6 inhibit rules" in output, (name, output)
 
 
 def test_the_alertmanagerconfig_uses_fields_its_crd_defines() -> None:
@@ -415,6 +415,10 @@ SCENARIO: list[tuple[dict[str, str], str | None]] = [
     # Link health is read on its own schedule: probes that do not run explain no old reading.
     (_alert("NetmonProbeStale", instance="n6", probe="large"), None),
     (_alert("NetmonLinkHealthStale", instance="n6"), None),
+    # Two sweeps in a row naming a node mute its flapping alert, not another node's.
+    (_alert("NetmonSweepSuspect", instance="n7"), None),
+    (_alert("NetmonSweepSuspectFlapping", instance="n7"), "NetmonSweepSuspect"),
+    (_alert("NetmonSweepSuspectFlapping", instance="n9"), None),
 ]
 
 

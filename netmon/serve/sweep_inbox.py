@@ -1,6 +1,7 @@
 """The daemon's side of cluster sweeps: POST /sweep hands it a sealed report, netmon.sweep.inbox
 decides, and what it accepts is kept in state_dir/sweep.json, so that a restart keeps the last
-results and the count of sweeps in a row that named this node, and published for /metrics."""
+results, the count of sweeps in a row that named this node and the verdicts of its recent
+sweeps, and published for /metrics."""
 
 from __future__ import annotations
 

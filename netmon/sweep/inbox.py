@@ -167,18 +167,17 @@ class SweepState:
 
     @classmethod
     def from_json(cls, data: Any) -> SweepState:
-        """ValueError when `data` is not a state document of this version (one saved before
-        `recent` existed has none yet)."""
+        """ValueError when `data` is not a state document of this version. One saved before
+        `recent` existed starts it from its sweeps in a row; a longer `recent` than this
+        version keeps is cut to its last RECENT_SWEEPS."""
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
             raise ValueError(f"not a sweep state document of version {STATE_VERSION}")
         count = data.get("suspect_sweeps")
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"suspect_sweeps: a count >= 0, not {count!r}")
-        recent = data.get("recent", [])
-        if not isinstance(recent, list) or len(recent) > RECENT_SWEEPS:
-            raise ValueError(f"recent: a list of at most {RECENT_SWEEPS} booleans")
-        if not all(isinstance(named, bool) for named in recent):
-            raise ValueError(f"recent: booleans only, not {recent!r}")
+        recent = data.get("recent", [True] * min(count, RECENT_SWEEPS))
+        if not isinstance(recent, list) or not all(isinstance(named, bool) for named in recent):
+            raise ValueError("recent: a list of booleans")
         raw = data.get("report")
         report = NodeReport.model_validate(raw) if raw is not None else None
-        return cls(report, count, tuple(recent))
+        return cls(report, count, tuple(recent[-RECENT_SWEEPS:]))
