@@ -1196,6 +1196,31 @@ def sweep_panels(layout: Layout) -> None:
         h=8,
     )
     layout.add(
+        table(
+            "Sweeps: named in the last 12",
+            "Nodes that any of their last 12 sweeps named, with the onsets: the sweeps that "
+            "named the node after one that had not. 1 is a fault that stayed (or one naming); "
+            "3 or more, one that comes and goes (alert NetmonSweepSuspectFlapping).",
+            [
+                target(
+                    f"sort_desc(netmon_sweep_suspect_onsets{{{NODE}}} > 0)",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            [hide_columns(rename={"Value": "onsets"})],
+            overrides=[
+                field(
+                    "byName",
+                    "onsets",
+                    colored_cells(thresholds((None, YELLOW), (3, RED)), "none"),
+                )
+            ],
+        ),
+        w=8,
+        h=8,
+    )
+    layout.add(
         timeseries(
             "Sweep reports by outcome",
             "Reports POSTed to each daemon's /sweep: accepted, malformed, or refused (another "
@@ -1211,7 +1236,7 @@ def sweep_panels(layout: Layout) -> None:
             bars=True,
             calcs=("sum",),
         ),
-        w=16,
+        w=8,
         h=8,
     )
 
