@@ -7,12 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from netmon.cli import sweep_command, table
+from netmon.sweep.plan import PairPlan
+from netmon.sweep.settings import SweepConfig
+from netmon.sweep.slurm import SlurmScheduler
 
 
 def _sweep(
@@ -116,3 +121,25 @@ def test_the_human_report_fits_120_columns_and_wide_keeps_each_pair_on_one_line(
         assert line.rstrip().endswith(f"{busbw}  {pair['detail']}".rstrip())
     assert wide[5] == f"SUSPECT {nodes[3]}, rails [0, 1, 2, 3, 4, 5, 6, 7]"
     assert max(len(line) for line in wide) > table.WIDTH
+
+
+def test_a_confirming_pairs_srun_may_take_its_repeats_times_the_pair_timeout(
+    tmp_path: Path,
+) -> None:
+    """The pair's srun --time and its ranks' deadline: a locate pair measuring 3 times as long
+    gets 3 pair timeouts, so it is not cut as `timeout` exactly when its failure would name."""
+    srun = tmp_path / "srun"
+    srun.write_text('#!/bin/sh\necho "$NETMON_SWEEP_DEADLINE $*"\n')
+    srun.chmod(0o755)
+    environ = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    scheduler = SlurmScheduler(SweepConfig(pair_timeout=600), "s", "sweep", environ=environ)
+    now = time.time()
+    launches = [
+        scheduler._launch(PairPlan(("a", "b"), 1, 1), 0, now + 86400),
+        scheduler._launch(PairPlan(("a", "c"), 2, 1, "locate", repeats=3), 1, now + 86400),
+    ]
+    for launch, minutes in zip(launches, (10, 30), strict=True):
+        assert launch.process.wait(10) == 0
+        deadline, _, argv = launch.text()[0].partition(" ")
+        assert float(deadline) - now == pytest.approx(minutes * 60, abs=5)
+        assert f"--time={minutes}" in argv.split()

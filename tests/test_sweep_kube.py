@@ -282,6 +282,17 @@ def test_not_admitted_in_time_is_busy_and_a_busy_gpu_is_busy(
     assert run(scheduler, ROUND[:1])[0].outcome == "busy"
 
 
+def test_a_confirming_pair_may_take_its_repeats_times_the_pair_timeout(
+    cluster: tuple[FakeCluster, KubernetesScheduler],
+) -> None:
+    fake, scheduler = cluster
+    scheduler.settings = settings().model_copy(update={"pair_timeout": 0.3})
+    fake.scenario = lambda cluster, created: None  # never admitted: it waits to its deadline
+    started = time.monotonic()
+    (waited,) = run(scheduler, [PairPlan(("a", "b"), 2, 2, "locate", repeats=3)])
+    assert waited.outcome == "busy" and time.monotonic() - started >= 0.85
+
+
 def test_other_sweeps_block_and_left_overs_are_deleted_and_cleanup_ends_ours(
     cluster: tuple[FakeCluster, KubernetesScheduler],
 ) -> None:

@@ -203,7 +203,9 @@ class KubernetesScheduler:
             return []
         self._deadline = deadline
         round_ = pairs[0].round
-        pair_deadline = min(deadline - TAIL_S, time.time() + self.settings.pair_timeout)
+        # One JobSet deadline for the round's pairs: the longest-measuring pair's.
+        timeout = self.settings.pair_timeout_for(max(plan.repeats for plan in pairs))
+        pair_deadline = min(deadline - TAIL_S, time.time() + timeout)
         size = self.settings.kubernetes.max_pairs_per_jobset
         watches: list[PairWatch] = []
         for number, chunk in enumerate(split_round(pairs, size)):

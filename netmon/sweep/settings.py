@@ -52,7 +52,9 @@ class SweepConfig(BaseModel):
     # The cohort line is also this many spreads under the level (the daemon's is 3: a sweep
     # draws thousands of lines at once; docs/SWEEPS.md).
     spread_k: float = Field(4.0, ge=0)
-    pair_timeout: float = Field(300.0, gt=0)  # seconds one pair's job may take, queue included
+    # Seconds one pair's job may take, queue included; a confirming pair, which measures
+    # confirm_repeats times as long, may take that many times it (pair_timeout_for).
+    pair_timeout: float = Field(300.0, gt=0)
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
     # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
     # topology/tree plugin's switches, `scontrol show topology`), or a path to a topology.conf
@@ -85,3 +87,8 @@ class SweepConfig(BaseModel):
     @classmethod
     def _seconds(cls, value: object) -> object:
         return parse_duration(value) if isinstance(value, str) else value
+
+    def pair_timeout_for(self, repeats: int) -> float:
+        """The time a pair that measures `repeats` times `iters` may take: a confirming pair
+        cut at the usual pair's timeout would come out `timeout` exactly when it matters."""
+        return self.pair_timeout * max(1, repeats)

@@ -182,7 +182,7 @@ class SlurmScheduler:
     def _launch(self, plan: PairPlan, index: int, deadline: float) -> _Launch:
         name = job_name(self.settings.job_name, self.sweep, plan, index)
         self.submitted.append(name)
-        pair_deadline = min(deadline, time.time() + self.settings.pair_timeout)
+        pair_deadline = min(deadline, time.time() + self.settings.pair_timeout_for(plan.repeats))
         argv = self._srun_argv(plan, name, pair_deadline)
         env = clean_env(self.environ) | self._rank_env(plan, pair_deadline)
         log.debug("sweep: %s", " ".join(argv))
