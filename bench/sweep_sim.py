@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import random
 import statistics
 import sys
@@ -61,16 +62,32 @@ class Setup:
     confirm_repeats: int
     rules: Rules
     noise: Noise
+    # How the simulated network really routes: "model" as the planner assumes (--routing,
+    # its seed), or "ecmp" with a hash the planner does not know (a fabric whose routing is
+    # not the model's).
+    true_routing: str = "model"
 
 
 def build_fabric(setup: Setup, seed: int) -> tuple[Fabric, list[SweepNode]]:
+    groups = _groups(setup)
+    fabric = rail_optimised(groups, setup.rails, setup.spines, setup.routing, seed)  # type: ignore[arg-type]
+    names = [name for members in groups.values() for name in members]
+    return fabric, [SweepNode(name, rails=setup.rails) for name in names]
+
+
+def _groups(setup: Setup) -> dict[str, list[str]]:
     names = [f"n{i:04d}" for i in range(setup.nodes)]
-    groups = {
+    return {
         f"su{g:03d}": names[g * setup.leaf_size : (g + 1) * setup.leaf_size]
         for g in range((setup.nodes + setup.leaf_size - 1) // setup.leaf_size)
     }
-    fabric = rail_optimised(groups, setup.rails, setup.spines, setup.routing, seed)  # type: ignore[arg-type]
-    return fabric, [SweepNode(name, rails=setup.rails) for name in names]
+
+
+def true_fabric(setup: Setup, model: Fabric, seed: int) -> Fabric:
+    """The fabric the network routes by: the planner's model, or ECMP with another hash."""
+    if setup.true_routing == "model":
+        return model
+    return rail_optimised(_groups(setup), setup.rails, setup.spines, "ecmp", seed + 7919)
 
 
 def draw_faults(
@@ -101,7 +118,8 @@ def run_trial(setup: Setup, seed: int) -> dict[str, Any]:
     faults = draw_faults(setup, fabric, nodes, rng)
     # Separate streams for the faults, the network and the planner (salted, not seed + 1,
     # which is the next trial's fault seed).
-    network = Network(fabric, faults, setup.noise, random.Random(f"network-{seed}"))
+    real = true_fabric(setup, fabric, seed)
+    network = Network(real, faults, setup.noise, random.Random(f"network-{seed}"))
     loc = Localiser(
         nodes,
         setup.rules,
@@ -118,7 +136,9 @@ def run_trial(setup: Setup, seed: int) -> dict[str, Any]:
         loc.record(
             [PairRun(plan, "ok", busbw) for plan, busbw in zip(pairs, measured, strict=True)]
         )
-    return score(faults, loc.ranked(), loc.rounds, pairs_per_round, setup)
+    scored = score(faults, loc.ranked(), loc.rounds, pairs_per_round, setup)
+    scored["mismatch"] = loc.ledger is not None and loc.ledger.mismatch is not None
+    return scored
 
 
 def _matches(suspect: Suspect, fault: Fault) -> bool:
@@ -195,6 +215,8 @@ def summarise(setup: Setup, trials: list[dict[str, Any]], seconds: float) -> dic
         "named_round_max": max(named_rounds) if named_rounds else None,
         "pairs_per_round": per_round,
         "false_suspects": false,
+        "true_routing": setup.true_routing,
+        "routing_mismatch_flagged": _share(trials, "mismatch"),
         "false_per_10k_node_sweeps": round(false / node_sweeps * 10_000, 3),
         "seconds": round(seconds, 2),
         "seconds_per_trial": round(seconds / n, 3),
@@ -247,6 +269,8 @@ def _plan_rounds(setup: Setup, seed: int, trace: bool) -> list[tuple[int, float,
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The planner's warnings (a routing that does not fit) are counted in the summary instead.
+    logging.getLogger("netmon.sweep").setLevel(logging.ERROR)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1024)
     parser.add_argument("--rails", type=int, default=8)
@@ -268,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep.cohort_ratio (netmon sweep: 0.8 unless set; 0.97 advised at scale)",
     )
     parser.add_argument("--spread-k", type=float, default=4.0, help="sweep.spread_k")
+    parser.add_argument(
+        "--true-routing",
+        choices=("model", "ecmp"),
+        default="model",
+        help="how the network really routes: as the planner's model, or ECMP with another hash",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--plan-cost", action="store_true", help="time and trace one healthy sweep's planning"
@@ -287,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         confirm_repeats=args.confirm_repeats,
         rules=Rules(cohort_ratio=args.cohort_ratio, spread_k=args.spread_k),
         noise=Noise(tuple(recorded_deviations()), args.noise_scale),
+        true_routing=args.true_routing,
     )
     if args.plan_cost:
         print(json.dumps(planning_cost(setup, args.seed)))

@@ -29,6 +29,7 @@ from netmon.sweep.plan import PairPlan, SweepNode, grouped_first_round
 from netmon.sweep.runner import new_sweep_id, run_sweep
 from netmon.sweep.scheduler import PairRun
 from netmon.sweep.settings import SweepConfig
+from netmon.sweep.uplinks import hitting_set_size
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
@@ -46,8 +47,10 @@ def _fabric(groups: int, size: int, rails: int, routing: str = "table") -> Fabri
 
 
 def _sweep(
-    fabric: Fabric, rails: int, faults: list[Fault], seed: int
+    fabric: Fabric, rails: int, faults: list[Fault], seed: int, routes_by: Fabric | None = None
 ) -> tuple[Localiser, list[list[PairPlan]]]:
+    """One sweep planned on `fabric`, measured on a network that routes as `routes_by` does
+    (the planner's model when None)."""
     nodes = sorted({SweepNode(node, rails) for node, _ in fabric.leaf_of}, key=lambda n: n.name)
     loc = Localiser(
         nodes,
@@ -58,7 +61,7 @@ def _sweep(
         confirm_repeats=3,
         fabric=fabric,
     )
-    network = Network(fabric, faults, NOISE, random.Random(seed + 7))
+    network = Network(routes_by or fabric, faults, NOISE, random.Random(seed + 7))
     rounds = []
     while pairs := loc.next_round():
         rounds.append(pairs)
@@ -165,7 +168,33 @@ def test_a_slow_uplink_is_named_first_and_no_other_uplink(routing: str) -> None:
         uplinks = [f"{s.node}~{s.peer}" for s in loc.ranked() if s.kind == "uplink"]
         top = loc.ranked()[0] if loc.suspects() else None
         named += uplinks == [link] and top is not None and top.kind == "uplink"
+        assert loc.ledger is not None and loc.ledger.mismatch is None  # the model is right
     assert named >= 5, f"{routing}: named alone and first in {named} of 6"
+
+
+def test_a_routing_the_fabric_does_not_follow_names_no_uplink_and_says_so() -> None:
+    """The planner's destination-mod-k model on a fabric that hashes flows (ECMP): flows the
+    model kept apart collide, and their contention would read as slow uplinks everywhere."""
+    model = _fabric(groups=8, size=16, rails=2)
+    real = _fabric(groups=8, size=16, rails=2, routing="ecmp")
+    for seed in range(3):
+        loc, rounds = _sweep(model, 2, [Fault("n017/rail1", 0.4)], seed, routes_by=real)
+        assert loc.ledger is not None and loc.ledger.mismatch is not None
+        assert "under sweep.routing=table" in loc.ledger.mismatch
+        assert [s.kind for s in loc.suspects()] == ["node"]  # the cable is still named
+        assert loc.ledger.undecided() == [] and loc.ledger.uncovered() == []
+        assert not any(p.purpose == "uplink" for p in rounds[-1])  # no retest after it
+    # The same fabric planned with its own routing: never taken for a mismatch.
+    for seed in range(3):
+        loc, _ = _sweep(model, 2, [Fault("n017/rail1", 0.4)], seed)
+        assert loc.ledger is not None and loc.ledger.mismatch is None
+
+
+def test_the_uplinks_that_explain_failures_are_counted_greedily() -> None:
+    assert hitting_set_size([]) == 0
+    assert hitting_set_size([{"a", "b"}, {"a", "c"}, {"a"}]) == 1
+    assert hitting_set_size([{"a"}, {"b"}, {"c"}, set()]) == 3
+    assert hitting_set_size([{"a", "b"}, {"b", "c"}, {"c", "d"}, {"d", "e"}]) == 2
 
 
 def test_a_slow_cable_is_named_in_two_rounds_and_no_uplink_beside_it() -> None:
@@ -181,9 +210,11 @@ class SimulatedScheduler:
     """The Scheduler interface over the simulated network: what `netmon sweep` would get
     from Slurm on this fabric (the runner, planner and judge under test are the real ones)."""
 
-    def __init__(self, fabric: Fabric, faults: list[Fault], topology: str) -> None:
+    def __init__(
+        self, fabric: Fabric, faults: list[Fault], topology: str, routes_by: Fabric | None = None
+    ) -> None:
         self.fabric, self.text = fabric, topology
-        self.network = Network(fabric, faults, NOISE, random.Random(5))
+        self.network = Network(routes_by or fabric, faults, NOISE, random.Random(5))
 
     def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
         return sorted({SweepNode(n, 2) for n, _ in self.fabric.leaf_of}, key=lambda n: n.name)
@@ -236,6 +267,23 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     ]
     assert uplinks[0]["ratio"] < 0.6
     assert not [s for s in outcome.whole["suspects"] if s["kind"] != "uplink"]
+    assert outcome.whole["routing_mismatch"] is None
+    # The same fabric hashing its flows (ECMP) where the planner assumed tables: said, and no
+    # uplink named.
+    hashing = parse_topology(text, rails=2, routing="ecmp")
+    scheduler = SimulatedScheduler(fabric, [Fault(link, 0.4)], text, routes_by=hashing)
+    outcome = run_sweep(
+        scheduler,
+        settings,
+        book,
+        sweep=new_sweep_id(),
+        partition="p",
+        nodelist=None,
+        rng=random.Random(2),
+    )
+    mismatch = outcome.whole["routing_mismatch"]
+    assert mismatch and "sweep.routing=table" in mismatch and mismatch in outcome.whole["notes"]
+    assert [s for s in outcome.whole["suspects"] if s["kind"] == "uplink"] == []
     bad = SweepConfig(fabric=str(tmp_path / "missing.yaml"))
     with pytest.raises(UsageError, match=r"sweep\.fabric: "):
         run_sweep(

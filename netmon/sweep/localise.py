@@ -13,6 +13,7 @@ later rounds are made of failed ends, and would pull it down.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from netmon.sweep.judge import (
 from netmon.sweep.plan import Odd, PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun
 from netmon.sweep.uplinks import Ledger, RoundLoad
+
+log = logging.getLogger(__name__)
 
 # Pairs across leaves, measured for the uplinks they cross: their failures are the uplink
 # ledger's to explain, not the nodes'.
@@ -212,6 +215,8 @@ class Localiser:
                         verdict.ratio,
                         pair.run.plan.purpose == "uplink",
                     )
+            if self.ledger.mismatch is None and self.ledger.check_routing(self._rounds):
+                log.warning("sweep: %s", self.ledger.mismatch)
             self.ledger.settle(self._rounds)
         for pair in judged:
             self._learn_outcome(pair, good_before)

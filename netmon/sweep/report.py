@@ -154,4 +154,6 @@ def whole(
         "suspects": [suspect_entry(s) for s in loc.suspects()],
         "undecided": loc.undecided(),
         "undecided_uplinks": loc.ledger.undecided() if loc.ledger is not None else [],
+        # Why no uplink was named: the failures across leaves did not fit the routing model.
+        "routing_mismatch": loc.ledger.mismatch if loc.ledger is not None else None,
     }

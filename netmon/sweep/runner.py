@@ -139,6 +139,8 @@ def run_sweep(
     whole = report.whole(sweep, partition, loc, started_at, finished_at)
     if loc.undecided():
         notes.append(f"failed, neither cleared nor named: {', '.join(loc.undecided())}")
+    if whole["routing_mismatch"]:
+        notes.append(whole["routing_mismatch"])
     whole["notes"] = notes
     measured = sum(1 for pair in loc.judged if pair.passed is not None)
     if not measured:

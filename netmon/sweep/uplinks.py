@@ -17,6 +17,7 @@ whose own uplink is clear), then uplinks no flow has crossed yet.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ from netmon.sweep.fabric import Fabric, Hop
 from netmon.sweep.plan import PairPlan, SweepNode
 
 CONFIRM = 2  # isolated failures that name an uplink
+# The sweep's failures across leaves (their cables clear) that need more uplinks than this to
+# explain, under the routing model, say the model is not the fabric's: flows the planner kept
+# apart shared real uplinks, and contention reads as bad uplinks everywhere. The share is of
+# the uplinks crossed so far; the floor leaves room for a few real faults at once.
+MISMATCH_MIN_UPLINKS = 5
+MISMATCH_SHARE = 0.02
 CANDIDATE_TRIES = 48  # partners tried per candidate uplink in one round
 # Uncovered uplinks a later cover round tries to place a pair through: bounds its planning
 # time (each try is up to CANDIDATE_TRIES partners); what is left waits a round.
@@ -64,6 +71,9 @@ class Ledger:
     crossed: set[str] = field(default_factory=set)  # uplinks some observation crossed
     named: dict[str, NamedUplink] = field(default_factory=dict)
     named_cables: set[str] = field(default_factory=set)  # the node sweep's named cables
+    # Why the routing model does not fit the fabric, once a round showed it: from then on no
+    # uplink is named or measured again, and those named before are withdrawn.
+    mismatch: str | None = None
 
     def record(
         self,
@@ -110,8 +120,34 @@ class Ledger:
                 found.append(obs)
         return found
 
+    def check_routing(self, round_: int) -> str | None:
+        """After a round: do the sweep's failures across leaves fit a few bad uplinks under the
+        routing model? When they need more (a greedy hitting set), the model is not the
+        fabric's. Counted over every round so far: a collision or two per round adds up."""
+        if self.mismatch is not None:
+            return self.mismatch
+        unexplained = [
+            self._uplinks(obs)
+            for obs in self._failed()
+            if self._uplinks(obs) and all(self.clear(link) for link in obs.links if "~" not in link)
+        ]
+        limit = max(MISMATCH_MIN_UPLINKS, math.ceil(MISMATCH_SHARE * len(self.crossed)))
+        needed = hitting_set_size(unexplained)
+        if needed > limit:
+            self.mismatch = (
+                f"by round {round_}: {len(unexplained)} failures across leaves, with their cables "
+                f"good, need {needed} uplinks to explain under sweep.routing="
+                f"{self.fabric.routing}, more than {limit}: the fabric routes otherwise (ECMP "
+                "with another hash, or forwarding tables to give in the fabric file), so no "
+                "uplink is named"
+            )
+            self.named.clear()
+        return self.mismatch
+
     def settle(self, round_: int) -> list[NamedUplink]:
         """Name the uplinks the observations so far confirm; returns the newly named."""
+        if self.mismatch is not None:
+            return []
         new = []
         for link in sorted({u for obs in self._failed() for u in self._uplinks(obs)}):
             if link in self.named or not self._bad(link):
@@ -147,7 +183,10 @@ class Ledger:
         return {n for i in self.fails.get(link, ()) for n in self.observations[i].nodes}
 
     def candidates(self) -> list[str]:
-        """Uplinks of failed observations still unexplained, worst first: measure these again."""
+        """Uplinks of failed observations still unexplained, worst first: measure these again
+        (none once the routing model is known not to fit)."""
+        if self.mismatch is not None:
+            return []
         found: dict[str, int] = {}
         for obs in self._failed():
             if self._explained(obs):
@@ -161,7 +200,25 @@ class Ledger:
         return self.candidates()
 
     def uncovered(self) -> list[str]:
+        if self.mismatch is not None:
+            return []  # crossing more of them would tell nothing
         return [link for link in self.fabric.all_uplinks() if link not in self.crossed]
+
+
+def hitting_set_size(sets: Sequence[Collection[str]]) -> int:
+    """How many elements a greedy pick needs to touch every set (at most the optimum's
+    log n times, and the optimum itself when one element or a few disjoint ones do)."""
+    left = [set(s) for s in sets if s]
+    picked = 0
+    while left:
+        counts: dict[str, int] = {}
+        for members in left:
+            for element in members:
+                counts[element] = counts.get(element, 0) + 1
+        best = max(sorted(counts), key=lambda element: counts[element])
+        left = [members for members in left if best not in members]
+        picked += 1
+    return picked
 
 
 @dataclass
