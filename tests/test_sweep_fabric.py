@@ -183,11 +183,25 @@ def test_a_routing_the_fabric_does_not_follow_names_no_uplink_and_says_so() -> N
         assert "under sweep.routing=table" in loc.ledger.mismatch
         assert [s.kind for s in loc.suspects()] == ["node"]  # the cable is still named
         assert loc.ledger.undecided() == [] and loc.ledger.uncovered() == []
-        assert not any(p.purpose == "uplink" for p in rounds[-1])  # no retest after it
+        flagged = int(loc.ledger.mismatch.split()[2].rstrip(":"))  # "by round N: ..."
+        assert not any(p.purpose in ("uplink", "cover") for r in rounds[flagged:] for p in r)
     # The same fabric planned with its own routing: never taken for a mismatch.
     for seed in range(3):
         loc, _ = _sweep(model, 2, [Fault("n017/rail1", 0.4)], seed)
         assert loc.ledger is not None and loc.ledger.mismatch is None
+
+
+def test_a_leaf_slow_on_every_uplink_is_no_routing_mismatch() -> None:
+    """Many uplinks, one switch: the candidates point at the leaf, the routing is not blamed."""
+    fabric = _fabric(groups=8, size=16, rails=2)
+    slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.startswith("su0/rail0~")]
+    for seed in range(3):
+        loc, _ = _sweep(fabric, 2, slow, seed)
+        assert loc.ledger is not None and loc.ledger.mismatch is None
+        pending = [*loc.ledger.undecided(), *loc.ledger.named]
+        # Each failed pair's other end adds its own uplinks: the slow leaf's are most of them.
+        on_leaf = [link for link in pending if link.startswith("su0/rail0~")]
+        assert len(on_leaf) * 2 > len(pending), pending
 
 
 def test_the_uplinks_that_explain_failures_are_counted_greedily() -> None:
@@ -268,8 +282,11 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     assert uplinks[0]["ratio"] < 0.6
     assert not [s for s in outcome.whole["suspects"] if s["kind"] != "uplink"]
     assert outcome.whole["routing_mismatch"] is None
-    # The same fabric hashing its flows (ECMP) where the planner assumed tables: said, and no
-    # uplink named.
+    # A fabric of 8 leaves hashing its flows (ECMP) where the planner assumed tables: said,
+    # and no uplink named. (On 4 leaves a collision looks much like one bad switch.)
+    text = "".join(f"SwitchName=su{g} Nodes=n[{g * 8:03d}-{g * 8 + 7:03d}]\n" for g in range(8))
+    text += "".join(f"SwitchName=spine{s} Switches=su[0-7]\n" for s in range(1, 9))
+    fabric = parse_topology(text, rails=2)
     hashing = parse_topology(text, rails=2, routing="ecmp")
     scheduler = SimulatedScheduler(fabric, [Fault(link, 0.4)], text, routes_by=hashing)
     outcome = run_sweep(

@@ -32,6 +32,9 @@ CONFIRM = 2  # isolated failures that name an uplink
 # the uplinks crossed so far; the floor leaves room for a few real faults at once.
 MISMATCH_MIN_UPLINKS = 5
 MISMATCH_SHARE = 0.02
+# ... and more switches than this: a bad leaf or spine slows every uplink it has, which takes
+# many uplinks but one switch to explain.
+MISMATCH_MIN_SWITCHES = 2
 CANDIDATE_TRIES = 48  # partners tried per candidate uplink in one round
 # Uncovered uplinks a later cover round tries to place a pair through: bounds its planning
 # time (each try is up to CANDIDATE_TRIES partners); what is left waits a round.
@@ -121,27 +124,34 @@ class Ledger:
         return found
 
     def check_routing(self, round_: int) -> str | None:
-        """After a round: do the sweep's failures across leaves fit a few bad uplinks under the
-        routing model? When they need more (a greedy hitting set), the model is not the
-        fabric's. Counted over every round so far: a collision or two per round adds up."""
+        """After a round: do the sweep's failures across leaves fit a few bad uplinks, or a few
+        bad switches, under the routing model? When they need more of both (greedy hitting
+        sets), the model is not the fabric's. Counted over every round so far: a collision or
+        two per round adds up."""
         if self.mismatch is not None:
             return self.mismatch
         unexplained = [
             self._uplinks(obs)
             for obs in self._failed()
-            if self._uplinks(obs) and all(self.clear(link) for link in obs.links if "~" not in link)
+            if self._uplinks(obs)
+            and not self._explained(obs)
+            and all(self.clear(link) for link in obs.links if "~" not in link)
         ]
         limit = max(MISMATCH_MIN_UPLINKS, math.ceil(MISMATCH_SHARE * len(self.crossed)))
         needed = hitting_set_size(unexplained)
-        if needed > limit:
-            self.mismatch = (
-                f"by round {round_}: {len(unexplained)} failures across leaves, with their cables "
-                f"good, need {needed} uplinks to explain under sweep.routing="
-                f"{self.fabric.routing}, more than {limit}: the fabric routes otherwise (ECMP "
-                "with another hash, or forwarding tables to give in the fabric file), so no "
-                "uplink is named"
-            )
-            self.named.clear()
+        if needed <= limit:
+            return None
+        switches = hitting_set_size([_switches(links) for links in unexplained])
+        if switches <= MISMATCH_MIN_SWITCHES:
+            return None  # a leaf or a spine bad on all its uplinks: the candidates show which
+        self.mismatch = (
+            f"by round {round_}: {len(unexplained)} failures across leaves, with their cables "
+            f"good, need {needed} uplinks (more than {limit}) and {switches} switches (more "
+            f"than {MISMATCH_MIN_SWITCHES}) to explain under sweep.routing={self.fabric.routing}:"
+            " the fabric routes otherwise (ECMP with another hash, or forwarding tables to give "
+            "in the fabric file), so no uplink is named"
+        )
+        self.named.clear()
         return self.mismatch
 
     def settle(self, round_: int) -> list[NamedUplink]:
@@ -205,9 +215,14 @@ class Ledger:
         return [link for link in self.fabric.all_uplinks() if link not in self.crossed]
 
 
+def _switches(links: Collection[str]) -> set[str]:
+    """The leaves and spines of uplinks (leaf~spine)."""
+    return {switch for link in links for switch in link.split("~")}
+
+
 def hitting_set_size(sets: Sequence[Collection[str]]) -> int:
-    """How many elements a greedy pick needs to touch every set (at most the optimum's
-    log n times, and the optimum itself when one element or a few disjoint ones do)."""
+    """How many elements a greedy pick needs to touch every set (within ln n + 1 times the
+    optimum, and the optimum itself when one element or a few disjoint ones do)."""
     left = [set(s) for s in sets if s]
     picked = 0
     while left:
