@@ -280,6 +280,18 @@ def hide_columns(*extra: str, rename: dict[str, str] | None = None) -> Json:
     return {"id": "organize", "options": options}
 
 
+def value_table(title: str, description: str, expr: str, column: str, cells: list[Json]) -> Json:
+    """An instant table of one value per series: the value's column named `column`, styled by
+    `cells` (a unit, coloured cells)."""
+    return table(
+        title,
+        description,
+        [target(expr, instant=True, table=True)],
+        [hide_columns(rename={"Value": column})],
+        overrides=[field("byName", column, cells)],
+    )
+
+
 RATIO_STEPS = thresholds((None, RED), (0.7, YELLOW), (0.9, GREEN))
 SUSPECT_STEPS = thresholds((None, GREEN), (1, RED))
 SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}} x{{ranks}}"
@@ -713,20 +725,14 @@ def panels() -> list[Json]:
         h=8,
     )
     layout.add(
-        table(
+        value_table(
             "GPU pairs: age of the last measurement",
             "How long ago each pair was last measured, oldest first. A pairs probe measures "
             "the pairs whose two GPUs are idle, so on a busy node some pairs wait for a gap "
             "between jobs; their numbers above are that old.",
-            [
-                target(
-                    f"sort_desc(time() - netmon_link_measurement_timestamp_seconds{{{PAIR}}})",
-                    instant=True,
-                    table=True,
-                )
-            ],
-            [hide_columns(rename={"Value": "age"})],
-            overrides=[field("byName", "age", [{"id": "unit", "value": "s"}])],
+            f"sort_desc(time() - netmon_link_measurement_timestamp_seconds{{{PAIR}}})",
+            "age",
+            [{"id": "unit", "value": "s"}],
         ),
         w=8,
         h=8,
@@ -1150,72 +1156,42 @@ def sweep_panels(layout: Layout) -> None:
         h=9,
     )
     layout.add(
-        table(
+        value_table(
             "Sweeps: suspects",
             "Nodes the last sweep named, with the sweeps in a row that named them (alert "
             "NetmonSweepSuspect at 2). An empty peer: the node itself; a peer: the path "
             "between the two.",
-            [
-                target(
-                    f"sort_desc(netmon_sweep_suspect_sweeps{{{NODE}}}"
-                    " * on(cluster, job, instance) group_right()"
-                    f" (netmon_sweep_suspect{{{NODE}}} == 1))",
-                    instant=True,
-                    table=True,
-                )
-            ],
-            [hide_columns(rename={"Value": "sweeps in a row"})],
-            overrides=[
-                field(
-                    "byName",
-                    "sweeps in a row",
-                    colored_cells(thresholds((None, YELLOW), (2, RED)), "none"),
-                )
-            ],
+            f"sort_desc(netmon_sweep_suspect_sweeps{{{NODE}}}"
+            " * on(cluster, job, instance) group_right()"
+            f" (netmon_sweep_suspect{{{NODE}}} == 1))",
+            "sweeps in a row",
+            colored_cells(thresholds((None, YELLOW), (2, RED)), "none"),
         ),
         w=12,
         h=9,
     )
     layout.add(
-        table(
+        value_table(
             "Sweeps: age of the last sweep",
             "How long ago the last sweep delivered to each node finished, oldest first "
             "(yellow past 3 days: alert NetmonSweepStale). A node busy with jobs at every "
             "sweep is not swept.",
-            [
-                target(
-                    f"sort_desc(time() - netmon_sweep_last_timestamp_seconds{{{NODE}}})",
-                    instant=True,
-                    table=True,
-                )
-            ],
-            [hide_columns(rename={"Value": "age"})],
-            overrides=[field("byName", "age", colored_cells(AGE_STEPS, "s"))],
+            f"sort_desc(time() - netmon_sweep_last_timestamp_seconds{{{NODE}}})",
+            "age",
+            colored_cells(AGE_STEPS, "s"),
         ),
         w=8,
         h=8,
     )
     layout.add(
-        table(
+        value_table(
             "Sweeps: named in the last 12",
             "Nodes that any of their last 12 sweeps named, with the onsets: the sweeps that "
             "named the node after one that had not. 1 is a fault that stayed (or one naming); "
             "3 or more, one that comes and goes (alert NetmonSweepSuspectFlapping).",
-            [
-                target(
-                    f"sort_desc(netmon_sweep_suspect_onsets{{{NODE}}} > 0)",
-                    instant=True,
-                    table=True,
-                )
-            ],
-            [hide_columns(rename={"Value": "onsets"})],
-            overrides=[
-                field(
-                    "byName",
-                    "onsets",
-                    colored_cells(thresholds((None, YELLOW), (3, RED)), "none"),
-                )
-            ],
+            f"sort_desc(netmon_sweep_suspect_onsets{{{NODE}}} > 0)",
+            "onsets",
+            colored_cells(thresholds((None, YELLOW), (3, RED)), "none"),
         ),
         w=8,
         h=8,
