@@ -26,7 +26,7 @@ from netmon.sweep.fabric_file import load, parse_fabric_file, parse_topology
 from netmon.sweep.judge import Rules
 from netmon.sweep.localise import UPLINK_PURPOSES, Localiser
 from netmon.sweep.plan import PairPlan, SweepNode, grouped_first_round
-from netmon.sweep.runner import new_sweep_id, run_sweep
+from netmon.sweep.runner import Outcome, new_sweep_id, run_sweep
 from netmon.sweep.scheduler import PairRun
 from netmon.sweep.settings import SweepConfig
 from netmon.sweep.uplinks import hitting_set_size
@@ -250,15 +250,16 @@ class SimulatedScheduler:
         return self.text
 
 
-def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) -> None:
-    text = "".join(f"SwitchName=su{g} Nodes=n[{g * 8:03d}-{g * 8 + 7:03d}]\n" for g in range(4))
-    text += "".join(f"SwitchName=spine{s} Switches=su[0-3]\n" for s in range(1, 9))
-    fabric = parse_topology(text, rails=2)
-    link = "su2/rail1~spine4/rail1"
-    scheduler = SimulatedScheduler(fabric, [Fault(link, 0.4)], text)
-    settings = SweepConfig(fabric="slurm", cohort_ratio=0.97)  # 6 rounds: the fabric default
-    book = BaselineBook(BaselinePolicy())
-    outcome = run_sweep(
+def _topology(leaves: int) -> str:
+    """A topology.conf: `leaves` switches of 8 nodes each, under 8 spines."""
+    text = "".join(
+        f"SwitchName=su{g} Nodes=n[{g * 8:03d}-{g * 8 + 7:03d}]\n" for g in range(leaves)
+    )
+    return text + "".join(f"SwitchName=spine{s} Switches=su[0-{leaves - 1}]\n" for s in range(1, 9))
+
+
+def _run(scheduler: SimulatedScheduler, settings: SweepConfig, book: BaselineBook) -> Outcome:
+    return run_sweep(
         scheduler,
         settings,
         book,
@@ -267,6 +268,15 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
         nodelist=None,
         rng=random.Random(2),
     )
+
+
+def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) -> None:
+    text = _topology(leaves=4)
+    fabric = parse_topology(text, rails=2)
+    link = "su2/rail1~spine4/rail1"
+    settings = SweepConfig(fabric="slurm", cohort_ratio=0.97)  # 6 rounds: the fabric default
+    book = BaselineBook(BaselinePolicy())
+    outcome = _run(SimulatedScheduler(fabric, [Fault(link, 0.4)], text), settings, book)
     uplinks = [s for s in outcome.whole["suspects"] if s["kind"] == "uplink"]
     assert uplinks == [
         {
@@ -284,34 +294,17 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     assert outcome.whole["routing_mismatch"] is None
     # A fabric of 8 leaves hashing its flows (ECMP) where the planner assumed tables: said,
     # and no uplink named. (On 4 leaves a collision looks much like one bad switch.)
-    text = "".join(f"SwitchName=su{g} Nodes=n[{g * 8:03d}-{g * 8 + 7:03d}]\n" for g in range(8))
-    text += "".join(f"SwitchName=spine{s} Switches=su[0-7]\n" for s in range(1, 9))
+    text = _topology(leaves=8)
     fabric = parse_topology(text, rails=2)
     hashing = parse_topology(text, rails=2, routing="ecmp")
     scheduler = SimulatedScheduler(fabric, [Fault(link, 0.4)], text, routes_by=hashing)
-    outcome = run_sweep(
-        scheduler,
-        settings,
-        book,
-        sweep=new_sweep_id(),
-        partition="p",
-        nodelist=None,
-        rng=random.Random(2),
-    )
+    outcome = _run(scheduler, settings, book)
     mismatch = outcome.whole["routing_mismatch"]
     assert mismatch and "sweep.routing=table" in mismatch and mismatch in outcome.whole["notes"]
     assert [s for s in outcome.whole["suspects"] if s["kind"] == "uplink"] == []
     bad = SweepConfig(fabric=str(tmp_path / "missing.yaml"))
     with pytest.raises(UsageError, match=r"sweep\.fabric: "):
-        run_sweep(
-            scheduler,
-            bad,
-            book,
-            sweep=new_sweep_id(),
-            partition="p",
-            nodelist=None,
-            rng=random.Random(),
-        )
+        _run(scheduler, bad, book)
 
 
 def test_the_simulator_prints_its_contract() -> None:
