@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
@@ -38,8 +39,27 @@ def plain(**fields: object) -> BaselinePolicy:
     return BaselinePolicy.model_validate({**defaults, **fields})
 
 
+# Results one second apart from an hour's start: every test's results fall in one hour, so the
+# reference stays young (the median of what was learned) unless a test says otherwise.
+T0 = 1_767_225_600.0
+CLOCK = itertools.count()
+
+
 def feed(book: BaselineBook, values: Iterable[float], key: BaselineKey = KEY) -> list[Verdict]:
-    return [book.observe(key, value) for value in values]
+    return [book.observe(key, value, at=T0 + next(CLOCK) % 3000) for value in values]
+
+
+def core(verdict: Verdict | None) -> tuple[object, ...]:
+    """What a verdict says, without when it was judged."""
+    assert verdict is not None
+    return (
+        verdict.baseline,
+        verdict.ratio,
+        verdict.degraded,
+        verdict.healthy_samples,
+        verdict.low_recent,
+        verdict.reason,
+    )
 
 
 def learned_book(policy: BaselinePolicy | None = None, value: float = GOOD) -> BaselineBook:
@@ -61,18 +81,18 @@ def test_no_verdict_until_min_samples_and_every_result_is_learned() -> None:
     assert not any(v.degraded for v in verdicts)
     assert all(v.ratio is None and v.low_recent == 0 for v in verdicts)
 
-    formed = book.observe(KEY, 200.0)
-    assert formed == Verdict(
-        baseline=100.0, ratio=2.0, degraded=False, healthy_samples=5, low_recent=0
-    )
+    (formed,) = feed(book, [200.0])
+    assert core(formed) == (100.0, 2.0, False, 5, 0, None)
+    # A young reference: the median of what was learned in the hour so far.
+    assert formed.reference == 100.0 and not formed.reference_mature
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, math.nan, math.inf, -math.inf])
 def test_unusable_results_are_not_learned_while_learning(bad: float) -> None:
     book = BaselineBook(plain())
     feed(book, [100.0, 100.0])
-    verdict = book.observe(KEY, bad)
-    assert verdict == Verdict(None, None, degraded=False, healthy_samples=2, low_recent=0)
+    (verdict,) = feed(book, [bad])
+    assert core(verdict) == (None, None, False, 2, 0, None)
 
 
 def test_unknown_key_has_no_verdict() -> None:
@@ -106,13 +126,15 @@ def test_lows_spread_wider_than_n_do_not_degrade() -> None:
     assert max(v.low_recent for v in verdicts) == 1
 
 
-def test_clearing_needs_m_good_results() -> None:
+def test_clearing_needs_m_good_results_and_a_level_window_of_them_since_the_fault() -> None:
     book = learned_book()
     assert feed(book, [LOW, LOW, LOW])[-1].degraded
-    verdicts = feed(book, [GOOD, GOOD, GOOD])
-    # Recent flags: LLLG, LLLGG, LLGGG: the third good result is the Mth not-low of the last N.
-    assert [v.degraded for v in verdicts] == [True, True, False]
-    assert [v.low_recent for v in verdicts] == [3, 3, 2]
+    verdicts = feed(book, [GOOD] * 9)
+    # M of the last N healthy after three, but results from before the fault prove nothing:
+    # the median of the results since it turned counts once there is a window (20) of them.
+    verdicts += feed(book, [GOOD] * 11)
+    assert [v.degraded for v in verdicts] == [True] * 19 + [False]
+    assert [v.low_recent for v in verdicts][:3] == [3, 3, 2]
 
 
 def test_one_good_result_among_lows_does_not_clear() -> None:
@@ -141,7 +163,7 @@ def test_threshold_is_strictly_below_ratio_times_baseline() -> None:
 
 def test_low_and_degraded_results_are_never_learned() -> None:
     book = learned_book()
-    low = book.observe(KEY, LOW)
+    (low,) = feed(book, [LOW])
     assert low.healthy_samples == 5  # low while healthy: not learned
     feed(book, [LOW, LOW])
     # Degraded: good-looking and low results alike stay out of the window.
@@ -152,11 +174,11 @@ def test_low_and_degraded_results_are_never_learned() -> None:
 
 def test_the_result_that_clears_a_degradation_is_learned() -> None:
     book = learned_book()
-    feed(book, [LOW, LOW, LOW, 120e9, 120e9])
-    cleared = book.observe(KEY, 120e9)
+    feed(book, [LOW, LOW, LOW, *[120e9] * 19])
+    (cleared,) = feed(book, [120e9])
     assert not cleared.degraded
     assert cleared.healthy_samples == 6
-    assert book.observe(KEY, GOOD).baseline == statistics.median([GOOD] * 5 + [120e9])
+    assert feed(book, [GOOD])[0].baseline == statistics.median([GOOD] * 5 + [120e9])
 
 
 def test_baseline_is_the_median_of_the_last_k_learned_results() -> None:
@@ -164,7 +186,7 @@ def test_baseline_is_the_median_of_the_last_k_learned_results() -> None:
     book = BaselineBook(policy)
     # Rising values are never low, so every one is learned; the window keeps the last four.
     feed(book, [10.0, 20.0, 30.0, 40.0, 50.0, 60.0])
-    verdict = book.observe(KEY, 70.0)
+    (verdict,) = feed(book, [70.0])
     assert verdict.baseline == 45.0  # median of 30, 40, 50, 60
     assert verdict.ratio == 70.0 / 45.0
     assert verdict.healthy_samples == 4
@@ -172,9 +194,9 @@ def test_baseline_is_the_median_of_the_last_k_learned_results() -> None:
 
 def test_the_baseline_judged_against_excludes_the_result_itself() -> None:
     book = learned_book(value=100.0)
-    verdict = book.observe(KEY, 200.0)
+    (verdict,) = feed(book, [200.0])
     assert verdict.baseline == 100.0 and verdict.ratio == 2.0
-    assert book.observe(KEY, 100.0).baseline == 100.0  # median of 100 x5, 200
+    assert feed(book, [100.0])[0].baseline == 100.0  # median of 100 x5, 200
 
 
 def test_keys_are_independent_and_verdicts_is_a_snapshot() -> None:
@@ -182,10 +204,10 @@ def test_keys_are_independent_and_verdicts_is_a_snapshot() -> None:
     feed(book, [LOW] * 3)
     feed(book, [GOOD] * 5, key=OTHER)
     snapshot = book.verdicts()
-    feed(book, [GOOD] * 3)
+    feed(book, [GOOD] * 20)
     assert snapshot[KEY].degraded
     assert not snapshot[OTHER].degraded
-    assert book.verdict(KEY) == Verdict(GOOD, 1.0, False, 6, 2)
+    assert core(book.verdict(KEY)) == (GOOD, 1.0, False, 6, 0, None)
 
 
 # --- JSON
@@ -201,19 +223,22 @@ def test_json_round_trip_restores_state_and_behaviour() -> None:
 
     assert restored.to_json() == book.to_json()
     # The latest ratio is not state: after a restart there is no result yet.
-    assert restored.verdicts() == {
-        KEY: Verdict(GOOD, None, True, 5, 3, reason="low"),
-        OTHER: Verdict(None, None, False, 3, 0),
+    assert {key: core(v) for key, v in restored.verdicts().items()} == {
+        KEY: (GOOD, None, True, 5, 3, "low"),
+        OTHER: (None, None, False, 3, 0, None),
     }
-    for value in [GOOD, GOOD, GOOD, LOW]:
-        assert restored.observe(KEY, value) == book.observe(KEY, value)
+    for value in [GOOD, GOOD, GOOD, LOW, *[GOOD] * 20]:
+        at = T0 + next(CLOCK) % 3000
+        assert restored.observe(KEY, value, at=at) == book.observe(KEY, value, at=at)
+    assert restored.to_json() == book.to_json()
 
 
 def test_to_json_is_a_versioned_document() -> None:
     book = BaselineBook(plain())
-    book.observe(KEY, 5.0)
+    book.observe(KEY, 5.0, at=T0)
+    hour = {"done": [], "hour": int(T0 // 3600), "sample": [5.0], "stride": 1, "skipped": 0}
     assert book.to_json() == {
-        "version": 2,
+        "version": 3,
         "identity": {},
         "baselines": [
             {
@@ -229,8 +254,20 @@ def test_to_json_is_a_versioned_document() -> None:
                 "degraded": False,
                 "healthy": [],
                 "level": [5.0],
-                "reference": None,
+                "reference": 5.0,
                 "reason": None,
+                "long": [5.0],
+                "flaps": "",
+                "reference_mature": False,
+                "reference_spread": 0.0,
+                "reference_low": None,
+                "reference_hours": hour,
+                "trend": hour,
+                "accepted": None,
+                "conditions": [],
+                "tolerated": 0,
+                "degraded_since": None,
+                "since": 0,
             }
         ],
     }
@@ -249,15 +286,18 @@ def test_a_smaller_policy_keeps_the_newest_values_and_flags() -> None:
     assert doc[0]["recent"] == [True, False, False]
     # The degraded state is kept as it was: verdicts change only on new results.
     # The reference is the first full window's baseline (window 10: 10 to 19).
-    assert restored.verdict(KEY) == Verdict(18.0, None, True, 3, 1, reference=14.5, reason="low")
-    assert not restored.observe(KEY, 100.0).degraded  # now 3 not-low of the last 3 >= M=2
+    # The young reference is the median of what was learned (10 to 19).
+    assert core(restored.verdict(KEY)) == (18.0, None, True, 3, 1, "low")
+    assert restored.verdict(KEY).reference == 14.5  # type: ignore[union-attr]
+    # Now 3 not-low of the last 3 >= M=2, and three results since the fault, all back.
+    assert not feed(restored, [100.0])[0].degraded
 
 
 def test_a_larger_min_samples_sends_a_key_back_to_learning() -> None:
     book = learned_book()
     feed(book, [LOW, LOW, LOW])
     restored = BaselineBook.from_json(book.to_json(), plain(window=20, min_samples=8))
-    assert restored.verdict(KEY) == Verdict(None, None, False, 5, 0)
+    assert core(restored.verdict(KEY)) == (None, None, False, 5, 0, None)
     verdicts = feed(restored, [LOW, LOW, LOW])  # learning again: learned, no verdict
     assert [v.baseline for v in verdicts] == [None, None, GOOD]
     assert not any(v.degraded for v in verdicts)
@@ -301,7 +341,7 @@ def _entry(**changes: object) -> dict[str, object]:
         ([], "JSON object"),
         ("state", "JSON object"),
         ({}, "version None"),
-        ({"version": 3, "baselines": []}, "version 3 is not supported"),
+        ({"version": 4, "baselines": []}, "version 4 is not supported"),
         ({"version": "1", "baselines": []}, "version '1'"),
         ({"version": True, "baselines": []}, "version True"),
         ({"version": 1}, "baselines"),
@@ -366,7 +406,7 @@ def _valid_state() -> bytes:
         b"\x00\xff\xfe garbage \x89PNG",
         b"null",
         b"[1, 2, 3]",
-        b'{"version": 3, "baselines": []}',
+        b'{"version": 4, "baselines": []}',
         b'{"version": 1, "baselines": [{"probe": "x"}]}',
         b'{"version": 1, "baselines": NaN}',
         b"[" * 100_000 + b"]" * 100_000,  # deep enough to overflow the parser's recursion
@@ -379,7 +419,7 @@ def _valid_state() -> bytes:
         "binary",
         "null",
         "list",
-        "version3",
+        "version4",
         "partial-entry",
         "nan",
         "deep",
@@ -488,7 +528,11 @@ def test_policy_is_frozen() -> None:
 def policies(draw: st.DrawFn) -> BaselinePolicy:
     window = draw(st.integers(1, 8))
     of = draw(st.integers(1, 6))
+    flap_window = draw(st.integers(4, 10))
     return plain(
+        flap_window=flap_window,
+        flap_trigger=draw(st.integers(2, flap_window // 2)),
+        clear_window=draw(st.integers(1, 12)),
         window=window,
         min_samples=draw(st.integers(1, window)),
         level_window=draw(st.integers(1, 9)),
@@ -507,9 +551,13 @@ unusable = st.sampled_from([0.0, -1.0, math.nan, math.inf, -math.inf])
 
 
 class Model:
-    """An independent model of docs/SIGNAL.md's rule with no spread margin (spread_k 0): the
-    expected level is the higher of the baseline and the reference; M of N low degrade, the
-    recent level under ratio x expected drifts; M of N healthy with the level back clear."""
+    """An independent model of docs/SIGNAL.md's rule with no spread margin (spread_k 0), for
+    results within one hour and fewer than long_window of them (so the reference stays young:
+    the median of what was learned, and the long level never forms). The expected level is the
+    higher of the baseline and the reference less the baseline's uncertainty; M of N low turn
+    `low`, the recent level under ratio x expected `drift`; M of N healthy with the recent
+    level and the results since the fault back over the clearing line clear both; bad results
+    spread through the flapping window among healthy ones turn `flapping`."""
 
     def __init__(self, policy: BaselinePolicy) -> None:
         self.policy = policy
@@ -518,8 +566,23 @@ class Model:
         self.low: deque[bool] = deque(maxlen=policy.of)
         self.healthy: deque[bool] = deque(maxlen=policy.of)
         self.level: deque[float] = deque(maxlen=min(policy.level_window, policy.window))
-        self.reference: float | None = None
-        self.degraded = False
+        self.long: deque[float] = deque(maxlen=policy.long_window)
+        self.flaps: deque[bool | None] = deque(maxlen=policy.flap_window)  # low, healthy: None
+        self.everything_learned: list[float] = []
+        self.conditions: set[str] = set()
+        self.since = 0
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.conditions)
+
+    @property
+    def reason(self) -> str | None:
+        order = ("flapping", "low", "drift", "decline")
+        return next((r for r in order if r in self.conditions), None)
+
+    def reference(self) -> float | None:
+        return statistics.median(self.everything_learned) if self.everything_learned else None
 
     def baseline(self) -> float | None:
         if len(self.learned) < self.policy.min_samples:
@@ -538,41 +601,77 @@ class Model:
         if len(self.learned) == self.policy.window:
             self.older.append(self.learned[0])
         self.learned.append(value)
-        baseline = self.baseline()
-        if baseline is None:
-            return
-        if self.reference is None and len(self.learned) == self.policy.window:
-            self.reference = baseline  # and it never moves on its own
+        self.everything_learned.append(value)
+
+    def back(self, line: float) -> bool:
+        """The recent level and the results since the fault (at least a level window of them,
+        at most clear_window) over `line`."""
+        policy = self.policy
+        count = min(self.since, policy.clear_window, len(self.long))
+        least = max(
+            min(policy.level_window, policy.window), min(policy.window, policy.clear_window)
+        )
+        if count < least or len(self.level) < self.level.maxlen:  # type: ignore[operator]
+            return False
+        since = list(self.long)[-count:]
+        return statistics.median(self.level) >= line and statistics.median(since) >= line
+
+    def flapping(self, level_ok: bool) -> None:
+        flags = list(self.flaps)
+        bad, good = flags.count(True), flags.count(False)
+        trigger = self.policy.flap_trigger
+        if "flapping" not in self.conditions:
+            older = flags[: len(flags) // 2].count(True)
+            newest = flags[-max(len(flags) // 4, 1) :]
+            if (
+                bad >= trigger
+                and good >= trigger
+                and min(older, bad - older) >= trigger / 2
+                and True in newest
+                and level_ok
+            ):
+                self.conditions.add("flapping")
+        elif bad <= 1 or good == 0:
+            self.conditions.discard("flapping")
 
     def step(self, value: float) -> tuple[float | None, float | None]:
         """The expected level the value is judged against and its ratio to it."""
         policy, usable = self.policy, math.isfinite(value) and value > 0
         baseline = self.baseline()
         self.level.append(value if usable else 0.0)
+        self.long.append(value if usable else 0.0)
         if baseline is None:
             if usable:
                 self.learn(value)
             return None, None
-        # Judged against the reference less its uncertainty; back means the reference itself.
-        reference = self.reference
+        reference = self.reference()
         expected = baseline if reference is None else max(baseline, reference - self.wander() / 2)
-        returned = max(baseline, reference or 0.0)
         ratio = value / expected if usable else None
-        self.low.append(ratio is None or ratio < policy.ratio)
+        low = ratio is None or ratio < policy.ratio
         healthy = ratio is not None and value >= policy.ratio * expected
+        self.low.append(low)
         self.healthy.append(healthy)
+        self.flaps.append(True if low else False if healthy else None)
         full = len(self.level) == self.level.maxlen
         level = statistics.median(self.level) if full else None
-        clear = max(policy.ratio * expected, (1 + policy.ratio) / 2 * returned)
-        if not self.degraded:
-            drift = level is not None and level < policy.ratio * expected
-            self.degraded = sum(self.low) >= policy.trigger or drift
-        else:
-            back = level is not None and level >= clear
-            self.degraded = not (sum(self.healthy) >= policy.trigger and back)
+        line = policy.ratio * expected
+        clear = max(line, (1 + policy.ratio) / 2 * expected)
+        was = self.degraded
+        if was:
+            self.since += 1
+        if not self.conditions & {"low", "drift"}:
+            if sum(self.low) >= policy.trigger:
+                self.conditions.add("low")
+            elif level is not None and level < line:
+                self.conditions.add("drift")
+        elif sum(self.healthy) >= policy.trigger and self.back(clear):
+            self.conditions -= {"low", "drift"}
+        self.flapping(level is not None and level >= clear)
+        if self.degraded and not was:
+            self.since = 0
         # Not learned while the recent level is under halfway from the drift line to the
         # clearing line.
-        steady = level is None or level >= (policy.ratio * expected + clear) / 2
+        steady = level is None or level >= (line + clear) / 2
         if healthy and not self.degraded and steady:
             self.learn(value)
         return expected, ratio
@@ -586,8 +685,8 @@ def test_verdicts_follow_the_rule_exactly(policy: BaselinePolicy, values: list[f
     for value in values:
         baseline = model.baseline()
         expected, ratio = model.step(value)
-        verdict = book.observe(KEY, value)
-        assert verdict.reference == model.reference
+        verdict = feed(book, [value])[0]
+        assert verdict.reference == model.reference()
         if expected is None:  # learning: the baseline reported is the one just formed, if any
             assert verdict.baseline == model.baseline()
             assert not verdict.degraded and verdict.low_recent == 0
@@ -596,6 +695,7 @@ def test_verdicts_follow_the_rule_exactly(policy: BaselinePolicy, values: list[f
         assert verdict.expected == expected
         assert verdict.ratio == ratio
         assert verdict.degraded == model.degraded
+        assert verdict.reason == model.reason
         assert verdict.low_recent == sum(model.low)
         assert verdict.healthy_samples == len(model.learned)
 

@@ -42,6 +42,7 @@ from netmon.exposition.snapshot import (
     SeriesPoint,
     Snapshot,
     SweepView,
+    VerdictPoint,
 )
 from netmon.gpu import idle
 from netmon.gpu.linkhealth import (
@@ -284,6 +285,7 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
         "netmon_series_results",
         "netmon_reference_resets",
         "netmon_state_write_errors",
+        "netmon_degraded_episodes",
     }
     assert set(types) >= set(SERIES_FAMILIES)
     assert all(kind in ("counter", "gauge") for kind in types.values())
@@ -322,9 +324,20 @@ def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> N
 
 # Every optional family present: paths, transports, pairs, topology and NVML link health.
 _PCIE = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
-# A judged series with its reference, degraded on drift.
+# A judged series with its reference, fixed, and its long level, degraded on drift.
 _DEFAULT = dataclasses.replace(
-    LARGE, path="default", reference=12e9, degraded=True, reason="drift", judged=True
+    LARGE,
+    path="default",
+    reference=12e9,
+    degraded=True,
+    reason="drift",
+    judged=True,
+    long_level=10e9,
+    reference_line=10.8e9,
+    reference_mature=True,
+    flaps=2,
+    degraded_since=T0 + 15,
+    episodes=1,
 )
 _HEALTH = LinkHealth(
     pcie=(PcieReading(gpu=0, gen=4, gen_max=4, width=8, width_max=16, replay_counter=3),),
@@ -409,6 +422,7 @@ FULL_SNAPSHOT = dataclasses.replace(
     series_results={"large": 9},
     reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
     sweep=SweepView(_SWEEP, 2, 1, {"accepted": 2, "refused": 1}),
+    gpu_model="NVIDIA H100 80GB HBM3",
 )
 
 
@@ -841,8 +855,10 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     assert metric("netmon_degraded") == 1.0
     assert metric("netmon_busbw_baseline_bytes_per_second") == 10e9  # lows are not learned
 
-    assert feed(10e9).degraded  # 1 good of the last 3: still degraded (hysteresis)
-    assert not feed(10e9).degraded  # 2 good of the last 3: cleared
+    # 2 good of the last 3 after two, but the results since the fault count once there is a
+    # baseline window of them (5 here): cleared by the fifth.
+    assert all(feed(10e9).degraded for _ in range(4))
+    assert not feed(10e9).degraded
     assert metric("netmon_degraded") == 0.0
 
     # The state file holds the same book, and was written whole (no temporary left behind).
@@ -854,6 +870,62 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     document = json.loads(state.read_text())
     assert document["version"] == baseline.STATE_VERSION
     assert [p.name for p in state.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_results_export_the_long_level_and_when_and_how_often_a_series_turned(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: the long level, the reference's maturity, since when a series is degraded (kept
+    across a restart) and its episodes (counted from the start) reach /metrics, restored
+    verdicts included; the node says its GPU model (cpu on CPU ranks)."""
+    document = results_config(tmp_path).model_dump(mode="json", exclude_unset=True)
+    document["baseline"] = {**POLICY, "long_window": 3, "clear_window": 3}
+    config = parse_config(document)
+    assert config.probes is not None
+    large = config.probes[1]
+    state = tmp_path / "b.json"
+
+    def daemon() -> Results:
+        keeper = BaselineKeeper.open(state, config.baseline, {})
+        return Results(CurrentConfig(config), keeper)
+
+    results = daemon()
+    registry = make_registry(results.snapshot)
+    point = {"probe": "large", "op": "all_reduce", "size_bytes": "65536", "path": "default"}
+    point["ranks"] = "2"
+    assert value(registry, "netmon_node_info", gpu_model="cpu") == 1.0
+    for _ in range(MIN_SAMPLES):
+        run(results, large, outcome(config, large, busbw=10e9))
+    assert value(registry, "netmon_busbw_level_bytes_per_second", **point) == 10e9
+    assert value(registry, "netmon_reference_mature", **point) == 0.0  # young: under a day
+    assert value(registry, "netmon_degraded_episodes_total", **point) == 0.0
+    assert value(registry, "netmon_degraded_since_timestamp_seconds", **point) is None
+    (verdict,) = run(results, large, outcome(config, large, busbw=5e9))
+    (verdict,) = run(results, large, outcome(config, large, busbw=5e9))
+    assert verdict.degraded and verdict.degraded_since is not None
+    since = value(registry, "netmon_degraded_since_timestamp_seconds", **point)
+    assert since == verdict.degraded_since
+    assert value(registry, "netmon_degraded_episodes_total", **point) == 1.0
+
+    # After a restart, before the series is measured again: its verdict as the state kept it.
+    restored = make_registry(daemon().snapshot)
+    assert value(restored, "netmon_degraded", **point) == 1.0
+    assert value(restored, "netmon_degraded_since_timestamp_seconds", **point) == since
+    assert value(restored, "netmon_degraded_episodes_total", **point) == 0.0
+    assert value(restored, "netmon_busbw_level_bytes_per_second", **point) is not None
+
+
+def test_a_degraded_verdict_that_does_not_say_since_when_is_degraded_since_the_start() -> None:
+    # A state file of an older netmon kept the verdict but not when it turned.
+    old = VerdictPoint("large", "all_reduce", MIB, "default", 8, 10e9, True, judged=True)
+    registry = make_registry(lambda: Snapshot(restored=(old,), started_at=T0))
+    point = dict(zip(SERIES_LABELS, old.labels(), strict=True))
+    assert value(registry, "netmon_degraded_since_timestamp_seconds", **point) == T0
+    assert value(registry, "netmon_degraded_episodes_total", **point) == 0.0
+
+
+def test_a_textfile_snapshot_names_no_gpu_model() -> None:
+    assert all(f.name != "netmon_node_info" or not f.samples for f in collect(SNAPSHOT))
 
 
 def test_results_snapshots_are_frozen_values(setup: tuple[NetmonConfig, Results, Path]) -> None:

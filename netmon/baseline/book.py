@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeAlias
 
-from netmon.baseline import document
-from netmon.baseline import track as rule
+from netmon.baseline import document, rule
+from netmon.baseline.lines import Lines
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.track import Lines, Track
+from netmon.baseline.track import Track, usable
 from netmon.baseline.verdict import Verdict
 
 # (probe, op, size_bytes, path, ranks): a probe on the idle set keeps one baseline per rank count.
@@ -69,7 +70,8 @@ class BaselineBook:
             # A cv that is not a finite number says nothing about noise (and must not reach the
             # state file, which holds finite numbers only).
             cv = float(cv) if math.isfinite(cv) and cv >= 0 else 0.0
-            verdict = rule.step(track, self.policy, key[2], float(busbw), cv, foreign_cpu, at)
+            when = time.time() if at is None else at
+            verdict = rule.step(track, self.policy, key[2], float(busbw), cv, foreign_cpu, when)
             self._verdicts[key] = verdict
             return verdict
 
@@ -79,7 +81,7 @@ class BaselineBook:
             track = self._tracks.get(key)
             return None if track is None else track.lines(self.policy, key[2])
 
-    def learn_healthy(self, key: BaselineKey, busbw: float) -> bool:
+    def learn_healthy(self, key: BaselineKey, busbw: float, at: float | None = None) -> bool:
         """Learn a result judged elsewhere (a sweep's pair that passed), under the same rule as
         observe(): only a result at or over the series' healthy line is learned."""
         with self._lock:
@@ -87,9 +89,9 @@ class BaselineBook:
             if track is None:
                 track = self._tracks[key] = Track.new(self.policy)
             lines = track.lines(self.policy, key[2])
-            if not rule.usable(busbw) or (lines is not None and busbw < lines.healthy):
+            if not usable(busbw) or (lines is not None and busbw < lines.healthy):
                 return False
-            track.learn(float(busbw), 0.0, self.policy, judged=True)
+            track.learn(float(busbw), 0.0, time.time() if at is None else at, self.policy)
             return True
 
     def resettle(self) -> None:

@@ -1,20 +1,26 @@
 """The state file's document: every series' learned window, reference and verdict, and the
-hardware the references were learned on. Version 2; a version 1 file (before references) loads.
+hardware the references were learned on. Version 3; a version 2 file (a reference from the
+first window) and a version 1 file (before references) load.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from netmon.baseline import robust
+from netmon.baseline.hours import Hours
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.track import Track
+from netmon.baseline.reference import Reference
+from netmon.baseline.track import BAD, BETWEEN, HEALTHY, Track
 from netmon.errors import describe_validation_error
 
-STATE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+STATE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+Reason = Literal["flapping", "low", "drift", "decline"]
 
 Key = tuple[str, str, int, str, int]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -23,6 +29,28 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class _Hours(_Strict):
+    # JSON has no tuples: each (hour, median) is read from a two-item list.
+    done: list[Annotated[tuple[int, Positive], Field(strict=False)]] = []
+    hour: int | None = None
+    sample: list[Positive] = []
+    stride: int = Field(1, ge=1)
+    skipped: int = Field(0, ge=0)
+
+    @classmethod
+    def of(cls, hours: Hours) -> _Hours:
+        return cls(
+            done=list(hours.done),
+            hour=hours.hour,
+            sample=list(hours.sample),
+            stride=hours.stride,
+            skipped=hours.skipped,
+        )
+
+    def hours(self) -> Hours:
+        return Hours(list(self.done), self.hour, list(self.sample), self.stride, self.skipped)
 
 
 class _Entry(_Strict):
@@ -41,7 +69,22 @@ class _Entry(_Strict):
     healthy: list[bool] = []
     level: list[NonNegative] = []
     reference: Positive | None = None
-    reason: Literal["low", "drift"] | None = None
+    reason: Reason | None = None
+    # Version 3: the long level's results, the flapping rule's flags, the reference while it
+    # learns (its hour medians, the hour under way and its sample) or once fixed (its spread),
+    # the accepted level, every condition that holds, and since when.
+    long: list[NonNegative] = []
+    flaps: str = Field("", pattern=f"^[{BAD[0]}{BAD[1]}{HEALTHY}{BETWEEN}]*$")
+    reference_mature: bool = False
+    reference_spread: NonNegative = 0.0
+    reference_low: Positive | None = None
+    reference_hours: _Hours | None = None  # while it learns
+    trend: _Hours | None = None
+    accepted: Positive | None = None
+    conditions: list[Reason] = []
+    tolerated: int = Field(0, ge=0)
+    degraded_since: float | None = Field(None, allow_inf_nan=False)
+    since: int = Field(0, ge=0)
 
 
 class _Document(_Strict):
@@ -65,8 +108,20 @@ def dump(tracks: Mapping[Key, Track], identity: Mapping[str, tuple[str, ...]]) -
             degraded=track.degraded,
             healthy=list(track.healthy),
             level=list(track.level),
-            reference=track.reference,
-            reason=track.reason if track.degraded else None,  # type: ignore[arg-type]
+            reference=track.reference.value(),
+            reason=track.reason,  # type: ignore[arg-type]
+            long=list(track.long),
+            flaps="".join(track.flaps),
+            reference_mature=track.reference.mature,
+            reference_spread=track.reference.spread,
+            reference_low=track.reference.low,
+            reference_hours=_Hours.of(track.reference.hours),
+            trend=_Hours.of(track.trend),
+            accepted=track.accepted,
+            conditions=sorted(track.conditions),  # type: ignore[arg-type]
+            tolerated=track.tolerated,
+            degraded_since=track.degraded_since,
+            since=track.since,
         ).model_dump(mode="json")
         for key, track in sorted(tracks.items(), key=lambda item: item[0])
     ]
@@ -95,10 +150,12 @@ def load(
     except ValidationError as exc:
         raise ValueError(f"baseline state: {describe_validation_error(exc)}") from exc
     identity = {part: tuple(ids) for part, ids in parsed.identity.items()}
-    return list(_tracks(parsed.baselines, policy)), identity
+    return list(_tracks(parsed.baselines, policy, parsed.version)), identity
 
 
-def _tracks(entries: list[_Entry], policy: BaselinePolicy) -> Iterator[tuple[Key, Track]]:
+def _tracks(
+    entries: list[_Entry], policy: BaselinePolicy, version: int
+) -> Iterator[tuple[Key, Track]]:
     for entry in entries:
         key = (entry.probe, entry.op, entry.size_bytes, entry.path, entry.ranks)
         track = Track.new(policy)
@@ -112,17 +169,49 @@ def _tracks(entries: list[_Entry], policy: BaselinePolicy) -> Iterator[tuple[Key
         # its median is used, so fewer cvs than values need not line up).
         track.learned_cv.extend(entry.learned_cv)
         track.level.extend(entry.level)
-        track.reference = entry.reference
-        if track.reference is None and len(track.learned) >= policy.window:
+        track.long.extend(entry.long)
+        track.flaps.extend(entry.flaps)
+        track.reference = _reference(entry, version)
+        if track.reference.value() is None and len(track.learned) >= policy.window:
             # A version 1 file: the reference starts from the baseline it kept.
-            track.reference = track.baseline(policy)
+            track.reference = Reference.seeded(robust.median(track.learned), time.time())
+        track.accepted = entry.accepted
+        if entry.trend is not None:
+            track.trend = entry.trend.hours()
         if track.baseline(policy) is not None:
             track.recent.extend(entry.recent)
             # Version 1 kept no healthy flags (nor a level): a degraded series clears on new
             # healthy results only.
             track.healthy.extend(entry.healthy)
             track.recent_values.extend([None] * len(track.recent))  # not kept
-            track.degraded = entry.degraded and policy.judges(key[2])
-            track.reason = (entry.reason or "low") if track.degraded else None
+            if policy.judges(key[2]):
+                track.conditions = _conditions(entry, version)
+                track.tolerated = entry.tolerated
+                # A file from before the time was kept: degraded since this start, at least.
+                since = entry.degraded_since if entry.degraded_since is not None else time.time()
+                track.degraded_since = since if track.conditions else None
+                # Version 2 did not count: its degraded series count from the restart.
+                track.since = entry.since
         # else: a larger min_samples sends the key back to learning, with no verdict.
         yield key, track
+
+
+def _reference(entry: _Entry, version: int) -> Reference:
+    if version < 3:
+        # A reference of the first window (version 2): where its hours begin.
+        return (
+            Reference()
+            if entry.reference is None
+            else Reference.seeded(entry.reference, time.time())
+        )
+    hours = entry.reference_hours.hours() if entry.reference_hours else Hours()
+    if entry.reference_mature and entry.reference is not None:
+        low = entry.reference_low or entry.reference
+        return Reference(hours, level=entry.reference, spread=entry.reference_spread, low=low)
+    return Reference(hours)
+
+
+def _conditions(entry: _Entry, version: int) -> set[str]:
+    if version >= 3:
+        return set(entry.conditions)
+    return {entry.reason or "low"} if entry.degraded else set()

@@ -45,6 +45,37 @@ class BaselinePolicy(BaseModel):
     # link is noisy too) is the series' state, and is judged.
     noisy_cv: float = Field(default=3.0, ge=1, allow_inf_nan=False)
     noisy_cv_floor: float = Field(default=0.05, ge=0, allow_inf_nan=False)
+    # A degradation clears only once the median of its last `clear_window` results since it
+    # turned (and the recent level) are back over the clearing line: a burst of good results
+    # inside a held cut is not a repair. At most long_window.
+    clear_window: int = Field(default=30, ge=1)
+    # The long level is the median of the last `long_window` conclusive results: judged against
+    # the reference, it reads a slow loss of a few percent that single results hide in noise.
+    long_window: int = Field(default=120, ge=1)
+    # The reference is learned over hours of healthy results: once they span
+    # `reference_hours` (a day: every phase of a daily swing) with at least
+    # `reference_min_hours` of them holding results, it is fixed.
+    reference_hours: int = Field(default=24, ge=1)
+    reference_min_hours: int = Field(default=12, ge=1)
+    # Once the reference is fixed, a long level more than `decline_margin` under it (or
+    # `decline_k` x the spread of its hours, where the series wanders more) is a decline.
+    decline_margin: float = Field(default=0.09, gt=0, lt=1, allow_inf_nan=False)
+    decline_k: float = Field(default=6.0, ge=0, allow_inf_nan=False)
+    # ... held for `decline_hold` results in a row (a wander dips and comes back; a decline
+    # stays). Under the tolerance (ratio x the reference) it turns at once.
+    decline_hold: int = Field(default=90, ge=1)
+    # A loss within the tolerance (the recent level over its line, the long level over ratio x
+    # the reference) held for `accept_after` results in a row is accepted: the verdict clears
+    # and the baseline starts from the new level. A loss beyond the tolerance never is.
+    accept_after: int = Field(default=30, ge=1)
+    # ... and only once the level holds: its hour medians over the last `steady_hours` fall by
+    # less than `steady_slope` (relative) an hour. A slow decline is never accepted.
+    steady_hours: int = Field(default=8, ge=3)
+    steady_slope: float = Field(default=0.0025, ge=0, allow_inf_nan=False)
+    # Flapping: at least `flap_trigger` of the last `flap_window` results low or noisy while
+    # as many were healthy.
+    flap_window: int = Field(default=20, ge=2)
+    flap_trigger: int = Field(default=4, ge=2)
 
     @field_validator("latency_bound_below", mode="before")
     @classmethod
@@ -89,6 +120,21 @@ class BaselinePolicy(BaseModel):
         if self.trigger > self.of:
             raise ValueError(
                 f"trigger ({self.trigger}) must be <= of ({self.of}): M of the last N results"
+            )
+        if self.clear_window > self.long_window:
+            raise ValueError(
+                f"clear_window ({self.clear_window}) must be <= long_window ({self.long_window}):"
+                " the results it takes its median of are the long level's"
+            )
+        if 2 * self.flap_trigger > self.flap_window:
+            raise ValueError(
+                f"flap_trigger ({self.flap_trigger}) must be at most half of flap_window "
+                f"({self.flap_window}): flapping needs that many bad and that many healthy results"
+            )
+        if self.reference_min_hours > self.reference_hours:
+            raise ValueError(
+                f"reference_min_hours ({self.reference_min_hours}) must be <= reference_hours "
+                f"({self.reference_hours}): the hours with results lie within the span"
             )
         # With 2M <= N, "M low" and "M healthy" can hold at once and the verdict would flip on
         # every result; a strict majority makes the two rules exclusive.

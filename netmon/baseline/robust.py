@@ -25,6 +25,15 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile of `values` by linear interpolation between order statistics."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
 def spread(values: Sequence[float]) -> float:
     """1.4826 x the median absolute deviation from the median; 0 for fewer than two values."""
     if len(values) < 2:

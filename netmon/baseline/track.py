@@ -1,17 +1,21 @@
-"""One series' state and the rule that judges each of its results (docs/SIGNAL.md, "The rule").
+"""One series' state: what it learned, what it saw lately, and what it is degraded for.
 
-Pure logic: no clock, no I/O; BaselineBook keeps the tracks, locks them and gives them the time.
+Pure logic: no clock, no I/O; netmon.baseline.rule moves it one result at a time, and
+BaselineBook keeps the tracks, locks them and gives them the time.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 from netmon.baseline import robust
+from netmon.baseline.hours import Hours
+from netmon.baseline.lines import Lines
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.verdict import Verdict
+from netmon.baseline.reference import Reference
+from netmon.baseline.verdict import DEGRADED_REASONS, Verdict
 
 # The spread is taken over this many baseline windows of learned results: a median absolute
 # deviation of 20 values is itself a noisy figure (about 30 % either way), and a spread read
@@ -20,48 +24,21 @@ SPREAD_WINDOWS = 3
 # The recent level's spread counts once it holds this many results.
 MIN_LEVEL_SPREAD = 5
 
-# Why a result was neither judged nor learned (netmon_inconclusive_results_total's reasons).
-INCONCLUSIVE_REASONS = ("settling", "disturbed", "noisy")
+# What each judged result was, for the flapping rule: low, noisy (a result whose own cv is far
+# over the series' usual: evidence, not noise to throw away), healthy, or between the lines.
+LOW, NOISY, HEALTHY, BETWEEN = "L", "N", "H", "."
+BAD = (LOW, NOISY)
 
 
 @dataclass(frozen=True)
-class Lines:
-    """The lines one result is judged by, all relative to the expected level."""
+class ReferenceLines:
+    """The long level's lines relative to the reference: `tolerance` (ratio x the reference)
+    can never be accepted; `decline` (over it once the reference is mature and the series
+    steady enough) is a loss within the tolerance that a level held long enough accepts."""
 
-    expected: float
-    spread: float
-    low: float  # under it a result is low
-    at_floor: bool  # the spread put the statistical line under the floor
-    healthy: float  # at or over it a result is healthy: it may clear and be learned
-    level: float  # under it the recent level is low: degraded, reason "drift"
-    clear: float  # the recent level must be back over it before a degradation clears
-
-    @classmethod
-    def of(
-        cls, policy: BaselinePolicy, size: int, expected: float, spread: float, back: float
-    ) -> Lines:
-        """The lines for a series whose expected level is `expected`; `back` is the level a
-        degradation must come back to (the higher of the baseline and the reference itself)."""
-        ratio, k = policy.ratio_for(size), policy.spread_k
-        floor = policy.floor_for(size)
-        low, at_floor = robust.floored(
-            robust.low_bound(expected, spread, ratio, k), expected, floor
-        )
-        level, _ = robust.floored(
-            robust.level_bound(expected, spread, ratio, k, policy.level_size), expected, floor
-        )
-        return cls(
-            expected=expected,
-            spread=spread,
-            low=low,
-            at_floor=at_floor,
-            healthy=ratio * expected,
-            level=level,
-            # Halfway back from the line to the reference itself: a burst of good results in a
-            # held cut (the recorded stream runs 1.2-1.3x its median for ten results at a time:
-            # cut to 0.75x, about 0.9x) does not clear it.
-            clear=max(level, robust.clear_bound(back, ratio)),
-        )
+    tolerance: float
+    decline: float
+    back: float  # the long level must be back over it before a decline clears
 
 
 @dataclass
@@ -76,9 +53,19 @@ class Track:
     recent_values: deque[float | None]  # beside `recent`
     noisy_recent: deque[bool]  # the last N conclusive-or-noisy
     level: deque[float]  # the last level_window conclusive results
-    reference: float | None = None
-    degraded: bool = False
-    reason: str | None = None
+    long: deque[float]  # the last long_window conclusive results
+    flaps: deque[str]  # the last flap_window judged or noisy results: LOW, NOISY, HEALTHY, BETWEEN
+    reference: Reference = field(default_factory=Reference)
+    trend: Hours = field(default_factory=Hours)  # the last steady_hours of conclusive results
+    # The level a decline is measured from: the reference, or a lower level within its
+    # tolerance that the series held long enough to be accepted (never over the reference).
+    accepted: float | None = None
+    conditions: set[str] = field(default_factory=set)  # the DEGRADED_REASONS that hold now
+    tolerated: int = 0  # conclusive results in a row within the tolerance while degraded
+    degraded_since: float | None = None
+    since: int = 0  # conclusive results since it turned degraded (this one included)
+    below: int = 0  # conclusive results in a row with the levels under the decline line
+    episodes: int = 0  # times it turned degraded since the daemon started
     seen: int = 0  # results since settling began (a start, a new zygote, a pause)
     judged_at: float | None = None  # when the latest conclusive result came
 
@@ -94,35 +81,49 @@ class Track:
             recent_values=deque(maxlen=of),
             noisy_recent=deque(maxlen=of),
             level=deque(maxlen=policy.level_size),
+            long=deque(maxlen=policy.long_window),
+            flaps=deque(maxlen=policy.flap_window),
         )
 
+    @property
+    def degraded(self) -> bool:
+        return bool(self.conditions)
+
+    @property
+    def reason(self) -> str | None:
+        """The first of DEGRADED_REASONS that holds: the most specific one."""
+        return next((r for r in DEGRADED_REASONS if r in self.conditions), None)
+
     def baseline(self, policy: BaselinePolicy) -> float | None:
+        """The rolling baseline: the median of the last `window` learned results. A result is
+        judged against it (the expected level); the reference watches the long run."""
         if len(self.learned) < policy.min_samples:
             return None
         return robust.median(self.learned)
 
     def expected(self, policy: BaselinePolicy) -> float | None:
-        """The level a result is judged against: the baseline, or the reference less its own
-        uncertainty where the baseline has drifted under that. The reference is one window's
-        median: judged against it as it stands, a series would page on its own noise."""
+        """The level a result is judged against: the baseline, or where the baseline has
+        fallen under it, the reference's floor (its day's trough, or the level accepted under
+        it) less the baseline's own uncertainty. So the baseline cannot follow a cut down
+        result by result: judged against the floor, a cut's results are low and never learned.
+        """
         baseline = self.baseline(policy)
         if baseline is None:
             return None
-        if self.reference is None:
+        floor = self.reference.floor()
+        if floor is None:
             return baseline
-        return max(baseline, self.reference - self._wander() / 2)
+        if self.accepted is not None:
+            floor = min(floor, self.accepted)
+        return max(baseline, floor - self._wander() / 2)
 
-    def back(self, policy: BaselinePolicy) -> float | None:
-        """The level a degradation must come back to: the baseline or the reference itself (the
-        reference's uncertainty counts against clearing, as it counts for flagging)."""
-        baseline = self.baseline(policy)
-        return None if baseline is None else max(baseline, self.reference or 0.0)
+    def _wander(self) -> float:
+        """Two standard errors of the window's median: how far it moves on noise alone."""
+        return 2 * robust.MEDIAN_SE * self.spread() / math.sqrt(max(len(self.learned), 1))
 
     def lines(self, policy: BaselinePolicy, size: int) -> Lines | None:
-        expected, back = self.expected(policy), self.back(policy)
-        if expected is None or back is None:
-            return None
-        return Lines.of(policy, size, expected, self.spread(), back)
+        expected = self.expected(policy)
+        return None if expected is None else Lines.of(policy, size, expected, self.spread())
 
     def spread(self) -> float:
         """The larger of the baseline window's spread and the recent level's: the window keeps
@@ -142,21 +143,86 @@ class Track:
             return None
         return robust.median(self.level)
 
-    def learn(self, busbw: float, cv: float, policy: BaselinePolicy, judged: bool) -> None:
+    def back_level(self, policy: BaselinePolicy) -> float | None:
+        """The median of the conclusive results since the series turned degraded, the last
+        `clear_window` of them: what a degradation must bring back over its clearing line.
+        None until a baseline window of them came: results from before the fault prove
+        nothing, and a burst of good results inside a held cut (the recorded stream runs
+        1.2-1.3x for ten results at a time) must be at most half of them. A repair after a
+        long fault shows within half of clear_window."""
+        count = min(self.since, policy.clear_window, len(self.long))
+        if count < max(policy.level_size, min(policy.window, policy.clear_window)):
+            return None
+        return robust.median(list(self.long)[-count:])
+
+    def long_level(self, policy: BaselinePolicy) -> float | None:
+        """The median of the last long_window conclusive results, once there are that many:
+        slow enough to read a loss of a few percent under the noise of single results."""
+        if len(self.long) < policy.long_window:
+            return None
+        return robust.median(self.long)
+
+    def reference_lines(self, policy: BaselinePolicy, size: int) -> ReferenceLines | None:
+        """The long level's lines, once there is a reference. While it is young the decline
+        line is the tolerance itself: what a day's swing looks like is not known yet."""
+        reference = self.reference.value()
+        if reference is None:
+            return None
+        tolerance = policy.ratio_for(size) * reference
+        decline = tolerance
+        if self.reference.mature:
+            # The margin is the policy's, or wider where the series' own hours wander more.
+            wander = policy.decline_k * self.reference.wander() / reference
+            margin = max(policy.decline_margin, wander)
+            decline = max(tolerance, self.accepted_level() * (1 - margin))
+        return ReferenceLines(tolerance, decline, (decline + self.accepted_level()) / 2)
+
+    def accepted_level(self) -> float:
+        reference = self.reference.value() or 0.0
+        return reference if self.accepted is None else min(self.accepted, reference)
+
+    def steady(self, policy: BaselinePolicy) -> bool:
+        """Whether the level holds: its hour medians over the last steady_hours fall by less
+        than steady_slope an hour. A loss still under way (a slow decline) is never accepted."""
+        slope = self.trend.slope(policy.steady_hours)
+        return slope is not None and slope >= -policy.steady_slope
+
+    def learn(self, busbw: float, cv: float, at: float, policy: BaselinePolicy) -> None:
         if len(self.learned) == self.learned.maxlen:
             self.older.append(self.learned[0])
         self.learned.append(busbw)
         self.learned_cv.append(cv)
-        if judged and self.reference is None and len(self.learned) >= policy.window:
-            # The reference is the first full window's baseline, and it never moves on its own
-            # (BaselineBook.forget is the only way). Not up either: a level that wanders (a
-            # daily cycle, a neighbour's traffic) would ratchet it to the top of the wander
-            # and page at the bottom; docs/SIGNAL.md has the figures.
-            self.reference = self.baseline(policy)
+        self.reference.learn(busbw, at, policy.reference_hours, policy.reference_min_hours)
 
-    def _wander(self) -> float:
-        """Two standard errors of the window's median: how far it moves on noise alone."""
-        return 2 * robust.MEDIAN_SE * self.spread() / math.sqrt(max(len(self.learned), 1))
+    def rebase(self, policy: BaselinePolicy) -> None:
+        """Accept the level the series has held within its tolerance: the baseline starts again
+        from its latest results and declines count from here. The reference does not move."""
+        latest = list(self.long)[-policy.window :]
+        self.learned.clear()
+        self.learned.extend(latest)
+        self.older.clear()
+        for flags in (self.recent, self.healthy, self.recent_values):
+            flags.clear()
+        level = self.long_level(policy) or robust.median(latest)
+        self.accepted = min(level, self.accepted_level())
+
+    def raise_accepted(self, policy: BaselinePolicy) -> None:
+        """A healthy series that is back over its accepted level takes it up again, as far as
+        the reference (a repair after an accepted loss)."""
+        level, reference = self.long_level(policy), self.reference.value()
+        if self.accepted is None or level is None or reference is None:
+            return
+        if level > self.accepted:
+            self.accepted = None if level >= reference else level
+
+    def set_conditions(self, conditions: set[str], at: float | None) -> None:
+        if conditions and not self.conditions:
+            self.degraded_since = at
+            self.episodes += 1
+            self.since = 0
+        elif not conditions:
+            self.degraded_since = None
+        self.conditions = conditions
 
     def verdict(
         self,
@@ -172,6 +238,7 @@ class Track:
         if lines is None:
             lines = self.lines(policy, size)
         level = self.recent_level(policy)
+        reference_lines = self.reference_lines(policy, size) if judged else None
         return Verdict(
             baseline=self.baseline(policy),
             ratio=ratio,
@@ -179,9 +246,9 @@ class Track:
             healthy_samples=len(self.learned),
             low_recent=sum(self.recent),
             judged=judged,
-            reference=self.reference,
+            reference=self.reference.value(),
             expected=lines.expected if lines else None,
-            reason=self.reason if self.degraded else None,
+            reason=self.reason,
             at_floor=bool(lines and judged and lines.at_floor),
             judged_at=self.judged_at,
             spread=lines.spread if lines else None,
@@ -189,116 +256,15 @@ class Track:
             level=level if judged else None,
             level_bound=lines.level if lines and judged else None,
             recent=tuple(self.recent_values),
+            long_level=self.long_level(policy),
+            reference_line=reference_lines.decline if reference_lines else None,
+            reference_mature=self.reference.mature,
+            flaps=sum(f in BAD for f in self.flaps) if judged else 0,
+            degraded_since=self.degraded_since,
+            episodes=self.episodes,
             **extra,  # type: ignore[arg-type]
         )
 
 
 def usable(busbw: float) -> bool:
     return math.isfinite(busbw) and busbw > 0
-
-
-def inconclusive(
-    track: Track, policy: BaselinePolicy, cv: float, foreign_cpu: float | None, is_usable: bool
-) -> str | None:
-    """Why this result can say nothing about the link, or None."""
-    if track.seen <= policy.settle:
-        return "settling"
-    if not is_usable:  # a zero or broken figure is low, however it was measured
-        return None
-    if foreign_cpu is not None and foreign_cpu >= policy.max_foreign_cpu:
-        # Not capped like noise: other work on the cores is measured, not inferred, and
-        # judging under it is how a busy host pages. A host that stays busy shows as a
-        # steady rate of these, and as silence (netmon_last_judged_timestamp_seconds).
-        return "disturbed"
-    usual = track.usual_cv(policy)
-    noisy = usual is not None and cv > max(policy.noisy_cv_floor, policy.noisy_cv * usual)
-    track.noisy_recent.append(noisy)
-    # Noise that lasts is the series' state (a flapping link is noisy too): judge it.
-    return "noisy" if noisy and sum(track.noisy_recent) < policy.trigger else None
-
-
-def judge(
-    track: Track, policy: BaselinePolicy, size: int, busbw: float, cv: float, lines: Lines
-) -> Verdict:
-    """One conclusive result of a judged size against its lines: count it, turn or hold the
-    verdict, then learn from it if it is healthy and the series is not degraded."""
-    is_usable = usable(busbw)
-    low = not is_usable or busbw < lines.low
-    healthy = is_usable and busbw >= lines.healthy
-    track.recent.append(low)
-    track.healthy.append(healthy)
-    track.recent_values.append(busbw if is_usable else None)
-    was = track.degraded
-    _turn(track, policy, lines)
-    # A degraded link must never become the new normal: learn only healthy results on a series
-    # that is healthy now (the result that clears a degradation counts). A result between the
-    # low line and the healthy line may be the series' noise, not yet a fault, and is not
-    # learned either: a moderate cut hiding in a wide spread must not pull the baseline down.
-    # Nor while the recent level is well under the expected level: the top of a cut's spread would
-    # be learned, result by result, before the verdict turns (measured on a recording whose
-    # level ran 10-15 % higher in its second half: the baseline fell from 1.05x to 0.8x).
-    # Halfway between the drift line and the clearing line: higher, healthy noise would stop
-    # learning in its own low stretches and bias the baseline up.
-    level = track.recent_level(policy)
-    steady = level is None or level >= (lines.level + lines.clear) / 2
-    if healthy and not track.degraded and steady:
-        track.learn(busbw, cv, policy, judged=True)
-    return track.verdict(
-        policy,
-        size,
-        busbw / lines.expected if is_usable else None,
-        lines,
-        changed=track.degraded != was,
-    )
-
-
-def _turn(track: Track, policy: BaselinePolicy, lines: Lines) -> None:
-    """Degrade on M low of the last N, or on the recent level under its line ("drift");
-    clear only on M healthy of the last N with the recent level back over the clearing line.
-    Between the two the verdict holds."""
-    level = track.recent_level(policy)
-    if not track.degraded:
-        if sum(track.recent) >= policy.trigger:
-            track.degraded, track.reason = True, "low"
-        elif level is not None and level < lines.level:
-            track.degraded, track.reason = True, "drift"
-        return
-    back = level is not None and level >= lines.clear
-    if sum(track.healthy) >= policy.trigger and back:
-        track.degraded, track.reason = False, None
-
-
-def step(
-    track: Track,
-    policy: BaselinePolicy,
-    size: int,
-    busbw: float,
-    cv: float,
-    foreign_cpu: float | None,
-    at: float | None,
-) -> Verdict:
-    """One result of the track's series: inconclusive, learned, shown, or judged."""
-    is_usable = usable(busbw)
-    track.seen += 1
-    baseline, expected = track.baseline(policy), track.expected(policy)
-    ratio = busbw / expected if expected is not None and is_usable else None
-    reason = inconclusive(track, policy, cv, foreign_cpu, is_usable)
-    if reason is not None:
-        return track.verdict(policy, size, ratio, inconclusive=reason)
-    track.judged_at = at
-    track.level.append(busbw if is_usable else 0.0)
-    if expected is None:
-        # Learning: nothing to compare with, so no low flags and no verdict yet.
-        if is_usable:
-            track.learn(busbw, cv, policy, judged=policy.judges(size))
-        formed = track.expected(policy)
-        return track.verdict(policy, size, busbw / formed if formed and is_usable else None)
-    lines = track.lines(policy, size)
-    assert lines is not None  # a baseline exists
-    if policy.judges(size):
-        # Reported against the baseline it was judged by, not the one it may have moved.
-        return replace(judge(track, policy, size, busbw, cv, lines), baseline=baseline)
-    track.degraded, track.reason = False, None  # a verdict from a policy that judged this size
-    if is_usable:  # shown, never paged on: the plain median of its recent results
-        track.learn(busbw, cv, policy, judged=False)
-    return replace(track.verdict(policy, size, ratio, lines), baseline=baseline)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Why a degraded series turned (netmon_degraded_reason's reasons): "low", M of the last N
-# results under the low line; "drift", the recent level under its line (docs/SIGNAL.md).
-DEGRADED_REASONS = ("low", "drift")
+# Why a series is degraded (netmon_degraded_reason's reasons), the most specific first:
+# "flapping", k of the last F results low or noisy among healthy ones; "low", M of the last N
+# results under the low line; "drift", the recent level under its line; "decline", the long
+# level under the reference's line (docs/SIGNAL.md).
+DEGRADED_REASONS = ("flapping", "low", "drift", "decline")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,16 @@ class Verdict:
     level_bound: float | None = field(default=None, compare=False)
     recent: tuple[float | None, ...] = field(default=(), compare=False)
     changed: bool = field(default=False, compare=False)
+    # The long level (median of the last long_window conclusive results; None until there are
+    # that many) and the line it is judged by against the reference; whether the reference is
+    # learned over a day yet; low or noisy results among the last flap_window; since when the
+    # series is degraded (None while it is not) and how often it turned since the start.
+    long_level: float | None = field(default=None, compare=False)
+    reference_line: float | None = field(default=None, compare=False)
+    reference_mature: bool = field(default=False, compare=False)
+    flaps: int = field(default=0, compare=False)
+    degraded_since: float | None = field(default=None, compare=False)
+    episodes: int = field(default=0, compare=False)
 
     def explain(self) -> str:
         """One line for the log and the runbook: the rule, the levels, the spread, the values."""

@@ -18,6 +18,7 @@ from netmon.cli import (
     EXIT_USAGE,
     probe_command,
     rebaseline_command,
+    replay_command,
     selftest_command,
     sweep_command,
     topo_command,
@@ -229,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     topo_command.add_parser(commands)
     _add_daemon_parsers(commands)
     rebaseline_command.add_parser(commands)
+    replay_command.add_parser(commands)
     sweep_command.add_parser(commands)
     for name in SIMULATED_COMMANDS:
         commands.choices[name].add_argument(

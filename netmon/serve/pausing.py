@@ -74,3 +74,10 @@ def read_pause(pause_file: Path | None, pause_dir: Path | None) -> Pause:
             return Pause(node=f"pause file {entry.path} lists no GPU (the whole node)")
         gpus.update(dict.fromkeys(ids, entry.path))
     return Pause(gpus=gpus) if gpus else NOT_PAUSED
+
+
+def after_pause(previous_end: float, started: float, interval: float, jitter: float) -> bool:
+    """Whether a probe run that started at `started` came after a pause: more than two of the
+    probe's intervals (and its jitter) since its previous run ended. Its ranks and devices are
+    cold again, as after a start, and its series settle again (docs/SIGNAL.md)."""
+    return started - previous_end > 2 * interval + jitter

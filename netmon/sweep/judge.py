@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from netmon.bandwidth import percentile
 from netmon.baseline import robust
 from netmon.baseline.book import BaselineBook, BaselineKey
+from netmon.baseline.lines import Lines
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.track import Lines
 
 # A cohort's spread counts once it holds this many values (a MAD of fewer says little).
 MIN_COHORT_SPREAD = 5

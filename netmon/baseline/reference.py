@@ -1,0 +1,83 @@
+"""A series' long-term reference: learned over a day of healthy results, then fixed.
+
+A level that swings with the day (traffic beside the probe, clocks, a shared fabric's load) has
+no single right value over minutes: a reference taken from the first twenty results is the day's
+peak, trough or mean by chance, and the series pages at the other end of the swing. This one is
+learned from every hour of a whole day: the reference is the median of the hour medians, and
+their spread says how far the series wanders over a day. Until it has a day it is young: a
+provisional level that follows the hours it has seen, against which only the plain tolerance
+is judged (docs/SIGNAL.md). Pure logic: the time of each result is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from netmon.baseline import robust
+from netmon.baseline.hours import HOUR_S, Hours
+
+# The hours a mature reference keeps to see how far the series wanders: a week, every phase
+# of a weekly cycle; and how many it needs before it reads them.
+WANDER_HOURS = 7 * 24
+WANDER_HOURS_MIN = 48
+# The 90th percentile of a normal distribution is 1.2816 standard deviations over its median.
+UPPER_Q90_SIGMAS = 1.2816
+
+
+@dataclass
+class Reference:
+    """Hour medians while young; once `mature`, the level and spread they gave, fixed."""
+
+    hours: Hours = field(default_factory=Hours)
+    level: float | None = None  # set once mature
+    spread: float = 0.0  # robust spread of the hour medians across the day, once mature
+    low: float | None = None  # the 10th percentile of the hour medians (a swing's trough)
+
+    @property
+    def mature(self) -> bool:
+        return self.level is not None
+
+    def value(self) -> float | None:
+        """The reference: fixed once mature; while young, the median of the hour medians seen so
+        far (the hour under way counts as one)."""
+        if self.level is not None:
+            return self.level
+        medians = self.hours.medians()
+        return robust.median(medians) if medians else None
+
+    def learn(self, value: float, at: float, span_hours: int, min_hours: int) -> None:
+        """Add one learned (healthy) result at unix time `at`. Matures once the hours it has
+        seen span `span_hours` (a day: every phase of a daily swing) and `min_hours` of them
+        have results. Once mature its level is fixed, but the hours go on: over a week they
+        show how far the series wanders (wander())."""
+        completed = self.hours.add(value, at, keep=WANDER_HOURS if self.mature else None)
+        if self.mature or not completed:
+            return
+        done = self.hours.done
+        if self.hours.span() >= span_hours and len(done) >= min_hours:
+            medians = [m for _, m in done]
+            self.level = robust.median(medians)
+            self.spread = robust.spread(medians)
+            self.low = min(self.level, robust.quantile(medians, 0.1))
+
+    def wander(self) -> float:
+        """How far the series' hours wander from their centre (a standard deviation), once
+        mature: the day's spread, or where the hours since show more, the upper tail's (a slow
+        decline under way widens only the lower tail, and must not hide itself)."""
+        medians = [m for _, m in self.hours.done]
+        if len(medians) < WANDER_HOURS_MIN:
+            return self.spread
+        centre = robust.median(medians)
+        upper = (robust.quantile(medians, 0.9) - centre) / UPPER_Q90_SIGMAS
+        return max(self.spread, upper)
+
+    def floor(self) -> float | None:
+        """The lowest level a healthy series of this reference is expected at: the trough of
+        its day once mature, the provisional level while young."""
+        return self.low if self.low is not None else self.value()
+
+    @classmethod
+    def seeded(cls, level: float, at: float) -> Reference:
+        """A young reference that starts from a level learned before hours were kept (a state
+        file of version 2, or 1): that level counts as the hour before `at`."""
+        return cls(hours=Hours(done=[(int(at // HOUR_S) - 1, level)]))
