@@ -295,6 +295,8 @@ def value_table(title: str, description: str, expr: str, column: str, cells: lis
 RATIO_STEPS = thresholds((None, RED), (0.7, YELLOW), (0.9, GREEN))
 SUSPECT_STEPS = thresholds((None, GREEN), (1, RED))
 SERIES = "{{instance}} {{probe}} {{op}} {{size_bytes}} B {{path}} x{{ranks}}"
+# The labels of a fleet: one series on the nodes of one GPU model (deploy/prometheus).
+FLEET = "cluster, namespace, job, probe, op, size_bytes, path, ranks, gpu_model"
 
 
 def reasons_bars(title: str, description: str, counter: str, only_positive: bool = True) -> Json:
@@ -435,9 +437,8 @@ def panels() -> list[Json]:
     layout.add(
         state_timeline(
             "Degraded verdicts",
-            "netmon_degraded per series: red once M of the last N judged results were low "
-            "(under R x baseline and k spreads under it), or once the recent level fell under "
-            "its line relative to the reference (drift); green again once they recover. "
+            "netmon_degraded per series: red while the series is degraded, for one of the "
+            "reasons of the panel 'Degraded series by reason'; green again once it recovers. "
             "Only judged series can turn red (table 'Verdicts, series by series').",
             [target(f"netmon_degraded{{{PROBE}}}", SERIES)],
             state_mapping(("healthy", GREEN), ("degraded", RED)),
@@ -452,7 +453,9 @@ def panels() -> list[Json]:
             "judged: the series can turn degraded; shown only: a latency-bound size (under "
             "baseline.latency_bound_below, 1 MiB by default) that is learned and drawn but "
             "never paged on. low bound: a result under it is low (min of R x baseline and "
-            "baseline - k x spread); low results: of the last N judged, M degrade.",
+            "baseline - k x spread); low results: of the last N judged, M degrade; flapping: "
+            "low or noisy results of the last 20 judged (4 among as many healthy degrade); "
+            "reference: young (learning over its first day, provisional) or mature (fixed).",
             [
                 target(f"netmon_judged{{{PROBE}}}", instant=True, table=True),
                 target(
@@ -465,6 +468,8 @@ def panels() -> list[Json]:
                     table=True,
                 ),
                 target(f"netmon_low_results{{{PROBE}}}", ref="D", instant=True, table=True),
+                target(f"netmon_flapping_results{{{PROBE}}}", ref="E", instant=True, table=True),
+                target(f"netmon_reference_mature{{{PROBE}}}", ref="F", instant=True, table=True),
             ],
             [
                 {"id": "merge", "options": {}},
@@ -474,6 +479,8 @@ def panels() -> list[Json]:
                         "Value #B": "ratio",
                         "Value #C": "low bound",
                         "Value #D": "low results",
+                        "Value #E": "flapping",
+                        "Value #F": "reference",
                     }
                 ),
             ],
@@ -489,8 +496,66 @@ def panels() -> list[Json]:
                 ),
                 field("byName", "ratio", colored_cells(RATIO_STEPS, "percentunit")),
                 field("byName", "low bound", [{"id": "unit", "value": "Bps"}]),
+                field(
+                    "byName",
+                    "reference",
+                    colored_cells(
+                        thresholds((None, BLUE), (1, GREEN)),
+                        "none",
+                        state_mapping(("young", BLUE), ("mature", GREEN)),
+                    ),
+                ),
             ],
             sort_by="ratio",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Degraded series by reason",
+            "How many series are degraded, by the reason netmon_degraded_reason gives: "
+            "flapping (low or noisy results among healthy ones), low (M of the last N judged "
+            "results low), drift (the recent level under its line), decline (the long level "
+            "under the reference's line). docs/SIGNAL.md has the rules.",
+            [
+                target(
+                    f"sum by (reason) (netmon_degraded_reason{{{PROBE}}})",
+                    "{{reason}}",
+                )
+            ],
+            "none",
+        ),
+        w=12,
+        h=8,
+    )
+    layout.add(
+        timeseries(
+            "Node level against its fleet",
+            "Each series' long level (solid; the median of its last baseline.long_window "
+            "conclusive results) and its reference (dotted) over the median of the same series "
+            "on the nodes of its GPU model (recording rules fleet:*:median, netmon_node_info). "
+            "Dashed: 85 %, under which NetmonBelowFleet fires where 5 or more nodes measure the "
+            "series. A node alone is its own fleet (100 %).",
+            [
+                target(
+                    f"instance_series:netmon_busbw_level_bytes_per_second:gpu_model{{{PROBE}}}"
+                    f" / on({FLEET}) group_left() "
+                    f'fleet:netmon_busbw_level_bytes_per_second:median{{{SCOPE}, probe=~"$probe"}}',
+                    "level " + SERIES,
+                ),
+                target(
+                    f"instance_series:netmon_busbw_reference_bytes_per_second:gpu_model{{{PROBE}}}"
+                    f" / on({FLEET}) group_left() "
+                    "fleet:netmon_busbw_reference_bytes_per_second:median"
+                    f'{{{SCOPE}, probe=~"$probe"}}',
+                    "reference " + SERIES,
+                    ref="B",
+                ),
+            ],
+            "percentunit",
+            overrides=[dotted("B", "purple")],
+            steps=thresholds((None, RED), (0.85, GREEN)),
         ),
         w=12,
         h=8,

@@ -305,10 +305,14 @@ class NetmonConfig(_Strict):
 
 
 def default_probes(gpus: int) -> tuple[ProbeConfig, ...]:
-    """The embedded schedule: latency every minute, bandwidth every 15 minutes."""
+    """The embedded schedule: latency and one judged bandwidth size every minute, the largest
+    sizes every 15 minutes."""
     if gpus:
         return (
-            ProbeConfig(name="small", sizes=(8, 256, 8 << 10, 64 << 10), interval=60),
+            # 64 MiB is bandwidth-bound (judged: >= baseline.latency_bound_below) and about 0.3 ms
+            # an op on NVLink, so a cut link is judged within minutes, not quarter hours
+            # (docs/BENCHMARKS.md, "Duty cycle": its cost, estimated).
+            ProbeConfig(name="small", sizes=(8, 256, 8 << 10, 64 << 10, 64 << 20), interval=60),
             ProbeConfig(
                 name="large", sizes=(256 << 20, 512 << 20, 1 << 30), interval=900, timeout=600
             ),

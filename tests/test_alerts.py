@@ -350,6 +350,7 @@ def _alert(name: str, cluster: str | None = "train-a", **labels: str) -> dict[st
 
 
 _SERIES = {"op": "all_reduce", "size_bytes": "268435456"}
+_FLEET = {**_SERIES, "gpu_model": "NVIDIA H100 80GB HBM3", "measure": "reference"}
 
 # Every alert posted, with the alert expected to mute it (None: notified).
 SCENARIO: list[tuple[dict[str, str], str | None]] = [
@@ -367,6 +368,14 @@ SCENARIO: list[tuple[dict[str, str], str | None]] = [
         _alert(
             "NetmonBusbwBelowThreshold", instance="n1", probe="large", path="default", **_SERIES
         ),
+        "NetmonGpuSuspect",
+    ),
+    (
+        _alert("NetmonBusbwFlapping", instance="n1", probe="small", path="default", **_SERIES),
+        "NetmonGpuSuspect",
+    ),
+    (
+        _alert("NetmonBelowFleet", instance="n1", probe="large", path="default", **_FLEET),
         "NetmonGpuSuspect",
     ),
     (_alert("NetmonGpuPairSuspect", instance="n2", probe="pairs", gpu="0", peer_gpu="3"), None),
@@ -411,7 +420,19 @@ SCENARIO: list[tuple[dict[str, str], str | None]] = [
         _alert("NetmonBusbwDegraded", instance="n5", probe="large", path="default", **_SERIES),
         "NetmonTransportMismatch",
     ),
+    (
+        _alert("NetmonBusbwFlapping", instance="n5", probe="large", path="default", **_SERIES),
+        "NetmonTransportMismatch",
+    ),
+    (
+        _alert("NetmonBelowFleet", instance="n5", probe="large", path="default", **_FLEET),
+        "NetmonTransportMismatch",
+    ),
     (_alert("NetmonBusbwDegraded", instance="n5", probe="large", path="pcie", **_SERIES), None),
+    (_alert("NetmonBelowFleet", instance="n5", probe="large", path="pcie", **_FLEET), None),
+    # A degraded series does not mute its own flapping alert (it comes and goes with it).
+    (_alert("NetmonBusbwDegraded", instance="n10", probe="small", path="default", **_SERIES), None),
+    (_alert("NetmonBusbwFlapping", instance="n10", probe="small", path="default", **_SERIES), None),
     # Link health is read on its own schedule: probes that do not run explain no old reading.
     (_alert("NetmonProbeStale", instance="n6", probe="large"), None),
     (_alert("NetmonLinkHealthStale", instance="n6"), None),

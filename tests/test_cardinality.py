@@ -1,6 +1,6 @@
 """How many series an 8-GPU node exports, measured on the real results and exporter: the default
 configuration on a simulated DGX H100 (18 NVLinks per GPU), each probe run until its baselines
-are learned (every series at its most), link health read;
+and long levels are learned (every series at its most), link health read;
 then with per-link NVLink series, and with a pairs probe. docs/METRICS.md states these counts."""
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def outcome(probe: ProbeConfig, config: NetmonConfig) -> ProbeOutcome:
 
 
 def series_count(config: NetmonConfig) -> int:
-    """Samples on /metrics once every probe of `config` has learned its baselines (a series
-    then has its spread and low bound too) and link health was read."""
+    """Samples on /metrics once every probe of `config` has learned its baselines and its long
+    levels (a series then has its spread, low bound and long level too) and link health was
+    read. A series that is degraded has one more (netmon_degraded_since_timestamp_seconds)."""
     with tempfile.TemporaryDirectory() as directory:
         return _series_count(config, dgx_h100(Path(directory)))
 
@@ -59,7 +60,9 @@ def _series_count(config: NetmonConfig, node: SimNode) -> int:
             ]
             results.finished_pairs(probe, pairs, 1.0)
         else:
-            for _ in range(config.baseline.settle + config.baseline.min_samples + 1):
+            # Until its long level exists: every series of a judged size at its most.
+            policy = config.baseline
+            for _ in range(policy.settle + max(policy.min_samples, policy.long_window) + 1):
                 results.started(probe.name)
                 results.finished(probe, outcome(probe, config))
     results.set_link_health(node.link_health(False))
@@ -98,5 +101,8 @@ def test_series_per_8_gpu_node_are_as_documented(setting: str, changes: dict[str
     assert count == documented(setting), (setting, count)
 
 
-def test_the_default_stays_under_400_series_per_8_gpu_node() -> None:
-    assert series_count(dgx_config()) < 400
+def test_the_default_stays_under_500_series_per_8_gpu_node() -> None:
+    # 399 before issue 33; its judged 64 MiB size every minute and the verdict's new families
+    # (the long level, the reference's maturity, the decline bound, flapping, episodes, two
+    # more reasons) took it to 452 (docs/METRICS.md, "Cardinality").
+    assert series_count(dgx_config()) < 500

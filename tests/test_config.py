@@ -215,10 +215,23 @@ def test_embedded_default_on_an_eight_gpu_node() -> None:
     assert config.probes is not None
     small, large = config.probes
     assert (small.name, small.interval) == ("small", 60.0)
-    assert (min(small.sizes), max(small.sizes)) == (8, 64 * KIB)
+    assert (min(small.sizes), max(small.sizes)) == (8, 64 * MIB)
     assert (large.name, large.interval) == ("large", 900.0)
     assert (min(large.sizes), max(large.sizes)) == (256 * MIB, GIB)
-    assert list(large.sizes) == sorted(large.sizes)
+    assert list(small.sizes) == sorted(small.sizes) and list(large.sizes) == sorted(large.sizes)
+    # Issue 33: a bandwidth-bound size, judged, every minute; the rest of small is latency.
+    judged = [size for size in small.sizes if config.baseline.judges(size)]
+    assert judged == [64 * MIB]
+    assert max(s for s in small.sizes if s not in judged) == 64 * KIB
+
+
+def test_the_cpu_default_judges_its_large_probe_only() -> None:
+    # On CPU ranks the every-minute probe stays latency only (docs/BENCHMARKS.md, "Duty cycle").
+    config = resolve(load_config(None, environ={}), gpus=0)
+    assert config.probes is not None
+    small, large = config.probes
+    assert not any(config.baseline.judges(size) for size in small.sizes)
+    assert all(config.baseline.judges(size) for size in large.sizes)
 
 
 def test_nccl_without_gpus_is_refused_unless_devices_are_given() -> None:

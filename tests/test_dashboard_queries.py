@@ -235,9 +235,16 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
         {"name": "pairs", "kind": "pairs", "sizes": ["64K"], "interval": "60s", "ranks": 3, **fast},
     ]
     # Every size judged, so that the low-bound column of "Verdicts, series by series" has data;
-    # a short window, and no result set aside for a busy host, so that the reference (the first
-    # full window's baseline) exists soon on a loaded CI host too.
-    policy = {"min_samples": 2, "window": 3, "latency_bound_below": 0, "max_foreign_cpu": 1.0}
+    # a short window, and no result set aside for a busy host, so that the reference exists
+    # soon on a loaded CI host too; a short long level, for "Node level against its fleet".
+    policy = {
+        "min_samples": 2,
+        "window": 3,
+        "latency_bound_below": 0,
+        "max_foreign_cpu": 1.0,
+        "long_window": 3,
+        "clear_window": 3,
+    }
     # A sweep secret, so that the sweep panels have a report to show (delivered below).
     sweep = {"secret_file": secret_file(tmp_path / "secrets", SECRET_TEXT, "sweep.secret")}
     config = fast_config(tmp_path, probes=probes, baseline=policy, sweep=sweep)

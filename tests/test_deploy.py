@@ -49,8 +49,14 @@ SLURM = DEPLOY / "slurm"
 NHC = SLURM / "nhc" / "netmon.nhc"
 
 # Aggregations in alerts that drop instance on purpose, with why.
+_FLEET = "a fleet is the nodes of one GPU model: its median and count are over instances"
 DROPS_INSTANCE = {
     "NetmonNodePeerSuspect": "the subject is the peer; every member reports it, one alert each",
+    "fleet:netmon_busbw_reference_bytes_per_second:median": _FLEET,
+    "fleet:netmon_busbw_reference_bytes_per_second:count": _FLEET,
+    "fleet:netmon_busbw_level_bytes_per_second:median": _FLEET,
+    "fleet:netmon_busbw_level_bytes_per_second:count": _FLEET,
+    "NetmonBelowFleet": "each node's series over its fleet's median, joined on the fleet's labels",
 }
 
 

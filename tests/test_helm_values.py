@@ -696,12 +696,13 @@ def _probe_lines(notes: str) -> list[str]:
 def test_the_notes_name_netmons_default_probes_when_config_probes_is_unset() -> None:
     # The lines stand for netmon.config.default_probes on a GPU node: they follow it.
     small, large = default_probes(8)
-    assert (small.name, small.interval, small.sizes) == ("small", 60, (8, 256, 8 << 10, 64 << 10))
+    sizes = (8, 256, 8 << 10, 64 << 10, 64 << 20)
+    assert (small.name, small.interval, small.sizes) == ("small", 60, sizes)
     assert (large.name, large.interval) == ("large", 900)
     assert large.sizes == (256 << 20, 512 << 20, 1 << 30)
     _, notes = render({"config": {"probes": None}, "memory": {"largestSize": "1G"}})
     assert _probe_lines(notes) == [
-        "the small probe runs every 60s (sizes 8, 256, 8K, 64K)",
+        "the small probe runs every 60s (sizes 8, 256, 8K, 64K, 64M)",
         "the large probe runs every 15m (sizes 256M, 512M, 1G)",
         "(netmon's default probes: config.probes is not set)",
     ]

@@ -10,7 +10,8 @@ fires no NetmonBusbwDegraded; the same stream with its link cut to 60% does both
 
 Issue 23: the same streams again, round and round, with the link cut to 0.75x or 0.6x and held
 for 1,000 results: flagged, never cleared while held, cleared once the cut ends, and the reference
-never moves; Prometheus fires NetmonBusbwDegraded after its `for:` and keeps firing to the end.
+never moves; Prometheus fires NetmonBusbwDegraded once the verdict has held for 2 of its probe's
+intervals (netmon_degraded_since_timestamp_seconds) and keeps firing to the end.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ JUDGED = sorted(
     if BaselinePolicy().judges(key_of(name)[2])
 )
 HELD = 1000  # results a cut is held for
-AFTER = 40  # results after it ends
+AFTER = 80  # results after it ends (half may be disturbed: the recording's load)
 
 
 def held_cut(
@@ -153,7 +154,7 @@ def held_cut_trial(
     healthy, during = replayed[: len(samples)], replayed[len(samples) : len(samples) + HELD]
     after = replayed[len(samples) + HELD :]
     flagged = next((i for i, v in enumerate(during) if v.degraded), None)
-    reference = max(v.reference or 0.0 for v in healthy)
+    reference = healthy[-1].reference or 0.0  # as the cut begins (a young one follows before)
     return {
         "offset": offset,
         "false": sum(v.degraded for v in healthy),
@@ -170,34 +171,36 @@ def held_cut_trial(
 def test_a_cut_held_for_a_thousand_results_is_flagged_and_stays_flagged(
     recording: Path, every: int, series: str, to: float
 ) -> None:
-    """Issue 23: the default policy, a recorded stream's real noise, the cut begun at every
-    second (fourth) point of it. A held cut is flagged, never cleared while held, cleared
-    within 10 results once it ends, and the reference never moves."""
+    """Issues 23 and 33: the default policy, a recorded stream's real noise, the cut begun at
+    every second (fourth) point of it. A held cut is flagged, never cleared while held, cleared
+    within 30 conclusive results once it ends, and the reference never moves."""
     samples = streams(recording)[series]
     trials = [
         held_cut_trial(series, to, offset, recording) for offset in range(0, len(samples), every)
     ]
     assert not any(t["false"] for t in trials)
+    assert all(t["held"] for t in trials), [t for t in trials if not t["held"]]
     if recording == STREAMS:
-        assert all(t["held"] for t in trials), [t for t in trials if not t["held"]]
-        assert all(t["clear"] is not None and t["clear"] <= 10 for t in trials), trials
+        assert all(t["clear"] is not None and t["clear"] <= 30 for t in trials), trials
     else:
         # The second recording's level ran 10-15 % higher in its second half: a cut that ends
         # in the lower half must climb back within 10 % of the higher baseline it left, which
         # can take the machine's own time (docs/BENCHMARKS.md has the figures).
-        assert sum(t["held"] for t in trials) >= 0.75 * len(trials), trials
-        assert all(t["clear"] is not None and t["clear"] <= 20 for t in trials), trials
+        assert all(t["clear"] is not None and t["clear"] <= 40 for t in trials), trials
     assert all(t["reference"] >= 0.95 for t in trials)
     flags = sorted(t["flag"] for t in trials)
-    # Within 10 conclusive results, except where the cut begins in the recording's fast stretch
-    # (results at 1.2-1.3x its median for ~10 runs): cut to 0.75x those still read 0.9x, and
-    # nothing is low until the stretch ends (docs/SIGNAL.md: 25 at the worst point of it).
+    # Within 10 conclusive results, except where the cut begins in or just before the
+    # recording's fast stretch (results at 1.2-1.3x its median for ~10 runs): cut to 0.75x
+    # those still read 0.9x, healthy, and are learned before the stretch ends (docs/SIGNAL.md:
+    # 26 at the worst point of it).
     within = sum(f <= 10 for f in flags) / len(flags)
-    assert within >= (0.75 if to > 0.7 else 1.0), flags
+    assert within >= (0.65 if to > 0.7 else 1.0), flags
     assert flags[-1] <= 30, flags
-    # The cut as the recording continues: its latest quiet results first.
+    # The cut as the recording continues: its latest quiet results first. On the first
+    # recording's 16 MiB series that is its fast stretch's end, where a 0.75x cut reads 0.8x
+    # of the expected level, on the line (26 results, as at the worst offset above).
     natural = held_cut_trial(series, to, _last_quiet_stretch(samples), recording)
-    assert natural["flag"] <= 10 and natural["held"], natural
+    assert natural["flag"] <= (10 if to < 0.7 else 30) and natural["held"], natural
 
 
 def _last_quiet_stretch(samples: list[dict[str, Any]]) -> int:
@@ -227,6 +230,21 @@ def on_grid(samples: list[dict[str, Any]], values: list[str]) -> str:
 def degraded_series(samples: list[dict[str, Any]], key: BaselineKey) -> str:
     """The replayed netmon_degraded."""
     return on_grid(samples, ["1" if v.degraded else "0" for _, v in replay(samples, key)])
+
+
+def since_series(samples: list[dict[str, Any]], key: BaselineKey) -> str:
+    """netmon_degraded_since_timestamp_seconds: the time of the result that turned the replayed
+    verdict degraded, in promtool's time; no sample while it is not (the alert reads it only
+    beside netmon_degraded 1)."""
+    since: list[str] = []
+    turned: str | None = None
+    for sample, verdict in replay(samples, key):
+        if verdict.degraded and turned is None:
+            turned = f"{sample['t'] - samples[0]['t']:.2f}"
+        elif not verdict.degraded:
+            turned = None
+        since.append(turned or "_")
+    return on_grid(samples, since)
 
 
 def measured_series(samples: list[dict[str, Any]]) -> str:
@@ -281,8 +299,9 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
     first = flags.index("1")
     assert set(flags[first:]) == {"1"}  # held to the end
     minutes = grid * STEP_S // 60
-    # The alert's `for: 10m` runs from the first 1; from then on it fires to the end.
-    firing = range((first * STEP_S) // 60 + 11, len(flags) * STEP_S // 60, 20)
+    # The alert fires once the verdict has held for 2 of the probe's intervals (20 s here) and a
+    # result since has kept it: within 2 minutes of the first 1; from then on to the end.
+    firing = range((first * STEP_S) // 60 + 2, len(flags) * STEP_S // 60, 20)
     fired = {
         "severity": "warning",
         "instance": "node1:19464",
@@ -311,6 +330,12 @@ def test_prometheus_fed_the_replay_never_fires_and_fires_on_the_cut(tmp_path: Pa
                         'probe="cut", op="all_reduce", size_bytes="16777216", path="default", '
                         'ranks="2"}',
                         "values": measured_series(broken),
+                    },
+                    {
+                        "series": f"netmon_degraded_since_timestamp_seconds{{{labels}, "
+                        'probe="cut", op="all_reduce", size_bytes="16777216", path="default", '
+                        'ranks="2"}',
+                        "values": since_series(broken, cut_key),  # type: ignore[arg-type]
                     },
                     # The cut is the largest size's probe, renamed.
                     *(

@@ -136,14 +136,31 @@ CATALOGUE: tuple[Family, ...] = (
            "Latest busbw divided by its expected level (the higher of baseline and reference)",
            "probes"),
     Family("series", "netmon_busbw_reference_bytes_per_second", "gauge", "bytes_per_second",
-           _SERIES, "Long-term reference: never drifts down; lowered only by netmon rebaseline or "
-           "new hardware", "probes"),
+           _SERIES, "Long-term reference: the median of a day's hour medians, then fixed (young "
+           "until then: netmon_reference_mature); lowered only by netmon rebaseline or new "
+           "hardware", "probes"),
+    Family("series", "netmon_reference_mature", "gauge", "", _SERIES,
+           "1 once the reference is learned over a day of results and fixed; 0 while it is "
+           "young (provisional, the median of the hours seen so far)", "probes"),
+    Family("series", "netmon_busbw_level_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "Long level: the median of the series' last baseline.long_window conclusive "
+           "results, the level to compare across nodes (netmon_busbw_reference_bytes_per_second "
+           "is what it is judged against)", "probes"),
+    Family("series", "netmon_busbw_decline_bound_bytes_per_second", "gauge", "bytes_per_second",
+           _SERIES, "A long level under this busbw is a decline: the line relative to the "
+           "reference", "probes"),
     Family("series", "netmon_degraded", "gauge", "", _SERIES,
-           "1 when M of the last N judged results were low, or the recent level fell under its "
-           "line; cleared by M healthy results with the level back", "probes"),
+           "1 when the series is degraded (netmon_degraded_reason says why); cleared only by "
+           "healthy results with its levels back", "probes"),
     Family("series", "netmon_degraded_reason", "gauge", "", (*_SERIES, "reason"),
-           "1 for why a degraded series turned: low (M of N results low) or drift (the recent "
-           "level under the line relative to the reference)", "probes"),
+           "1 for why a degraded series is degraded: flapping (low or noisy results among "
+           "healthy ones), low (M of N results low), drift (the recent level under its line) or "
+           "decline (the long level under the reference's line)", "probes"),
+    Family("series", "netmon_degraded_since_timestamp_seconds", "gauge", "seconds", _SERIES,
+           "When the series turned degraded (kept across restarts); absent while it is not",
+           "probes"),
+    Family("series", "netmon_degraded_episodes", "counter", "", _SERIES,
+           "Times the series turned degraded since the daemon started", "probes"),
     Family("series", "netmon_judged_at_floor", "gauge", "", _SERIES,
            "1 when the series' spread would put its low line under floor x expected level, so "
            "it is judged at the floor: too noisy for its tolerance", "probes"),
@@ -158,6 +175,9 @@ CATALOGUE: tuple[Family, ...] = (
            "spread), never under floor x expected", "probes"),
     Family("series", "netmon_low_results", "gauge", "", _SERIES,
            "Low results among the last N judged (the M-of-N rule degrades at M)", "probes"),
+    Family("series", "netmon_flapping_results", "gauge", "", _SERIES,
+           "Low or noisy results among the last baseline.flap_window judged (flapping degrades "
+           "at baseline.flap_trigger of them among as many healthy)", "probes"),
     Family("series", "netmon_judged", "gauge", "", _SERIES,
            "1 when the series can turn degraded; 0 for a latency-bound size that is learned and "
            "shown only (baseline.latency_ratio unset)", "probes"),
@@ -344,6 +364,9 @@ CATALOGUE: tuple[Family, ...] = (
            "NVML answers from a file, and no figure measures a GPU"),
     Family("daemon", "netmon_build_info", "info", "", ("version", "torch", "nccl"),
            "netmon, torch and NCCL versions"),
+    Family("daemon", "netmon_node_info", "info", "", ("gpu_model",),
+           "1, with the model of the node's probed GPUs as NVML names it (cpu on CPU ranks, "
+           "unknown where NVML cannot say), read once at start: a label to join on"),
     Family("daemon", "netmon_config_last_reload_successful", "gauge", "", (),
            "1 if the last configuration reload (SIGHUP) succeeded"),
     Family("daemon", "netmon_config_reload_failures", "counter", "", (),

@@ -292,6 +292,9 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     simulated.add_metric([], 1.0 if snapshot.simulated else 0.0)
     build = family("netmon_build_info", snapshot)
     build.add_metric([snapshot.build.get(k, "") for k in ("version", "torch", "nccl")], 1.0)
+    node = family("netmon_node_info", snapshot)
+    if snapshot.gpu_model is not None:  # a daemon's (a textfile's knows no model)
+        node.add_metric([snapshot.gpu_model], 1.0)
     ok, failures, loaded_at = snapshot.config_reload
     reload_ok = family("netmon_config_last_reload_successful", snapshot)
     reload_ok.add_metric([], 1.0 if ok else 0.0)
@@ -301,7 +304,7 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     reload_at.add_metric([], loaded_at)
     started = family("netmon_start_time_seconds", snapshot)
     started.add_metric([], snapshot.started_at)
-    yield from (paused, simulated, build, reload_ok, reload_failed, reload_at, started)
+    yield from (paused, simulated, build, node, reload_ok, reload_failed, reload_at, started)
     yield from state_families(snapshot)
     yield from _rank_start_families(snapshot)
 

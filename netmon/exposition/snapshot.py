@@ -53,6 +53,15 @@ class SeriesPoint:
     judged_at: float | None = None
     # (mode, share) of the ranks' CPUs taken by irq, softirq and steal meanwhile: shown only.
     cpu_modes: tuple[tuple[str, float], ...] = ()
+    # The long level and the line it is judged by against the reference, whether the reference
+    # is learned over a day yet, low or noisy results among the last flap_window, since when the
+    # series is degraded and how often it turned since the daemon started (netmon.baseline).
+    long_level: float | None = None
+    reference_line: float | None = None
+    reference_mature: bool = False
+    flaps: int = 0
+    degraded_since: float | None = None
+    episodes: int = 0
 
     @property
     def key(self) -> SeriesKey:
@@ -76,6 +85,12 @@ class VerdictPoint:
     reference: float | None = None
     reason: str | None = None
     judged: bool = True
+    # The state file keeps the long level's results, the reference's hours and since when the
+    # series is degraded; the episodes are counted from the start (netmon.baseline.Verdict).
+    long_level: float | None = None
+    reference_mature: bool = False
+    degraded_since: float | None = None
+    episodes: int = 0
 
     def labels(self) -> list[str]:
         return [self.probe, self.op, str(self.size_bytes), self.path, str(self.ranks)]
@@ -204,6 +219,9 @@ class Snapshot:
     state_write_errors: int = 0
     reference_resets: Mapping[tuple[str, str], int] = field(default_factory=dict)
     sweep: SweepView | None = None  # None: no sweep.secret_file, POST /sweep is 404
+    # The model of the node's probed GPUs as NVML names it, "cpu" on CPU ranks (gloo); None
+    # where no daemon knows it (netmon probe --textfile).
+    gpu_model: str | None = None
 
 
 def series_points(
@@ -263,7 +281,34 @@ def _verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
         "reason": verdict.reason,
         "at_floor": verdict.at_floor,
         "judged_at": verdict.judged_at,
+        "long_level": verdict.long_level,
+        "reference_line": verdict.reference_line,
+        "reference_mature": verdict.reference_mature,
+        "flaps": verdict.flaps,
+        "degraded_since": verdict.degraded_since,
+        "episodes": verdict.episodes,
     }
+
+
+def verdict_point(key: SeriesKey, verdict: Verdict) -> VerdictPoint:
+    """A verdict restored from the state file, for a series not measured since the start."""
+    probe, op, size_bytes, path, ranks = key
+    return VerdictPoint(
+        probe=probe,
+        op=op,
+        size_bytes=size_bytes,
+        path=path,
+        ranks=ranks,
+        baseline=verdict.baseline,
+        degraded=verdict.degraded,
+        reference=verdict.reference,
+        reason=verdict.reason,
+        judged=verdict.judged,
+        long_level=verdict.long_level,
+        reference_mature=verdict.reference_mature,
+        degraded_since=verdict.degraded_since,
+        episodes=verdict.episodes,
+    )
 
 
 def forget_verdict(point: SeriesPoint) -> SeriesPoint:
@@ -280,4 +325,9 @@ def forget_verdict(point: SeriesPoint) -> SeriesPoint:
         reference=None,
         reason=None,
         at_floor=False,
+        long_level=None,
+        reference_line=None,
+        reference_mature=False,
+        flaps=0,
+        degraded_since=None,
     )

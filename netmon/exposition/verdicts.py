@@ -10,21 +10,23 @@ from prometheus_client.core import Metric
 
 from netmon.baseline.verdict import DEGRADED_REASONS
 from netmon.exposition.families import add_known, family
-from netmon.exposition.snapshot import Snapshot
+from netmon.exposition.snapshot import SeriesPoint, Snapshot, VerdictPoint
 
 
 def verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """How each series' verdict was reached: its noise, its line, its count, whether it pages."""
+    """How each series' verdict was reached: its noise, its lines, its counts, whether it pages."""
     names = (
         "netmon_busbw_baseline_spread_bytes_per_second",
         "netmon_busbw_low_bound_bytes_per_second",
+        "netmon_busbw_decline_bound_bytes_per_second",
         "netmon_low_results",
+        "netmon_flapping_results",
         "netmon_judged",
         "netmon_foreign_cpu_ratio",
         "netmon_judged_at_floor",
     )
     families = [family(name, snapshot) for name in names]
-    spread, bound, lows, judged, foreign, at_floor = families
+    spread, bound, decline, lows, flaps, judged, foreign, at_floor = families
     for point in snapshot.series:
         labels = point.labels()
         if point.judged is not None:  # a daemon's series (a textfile's has no book)
@@ -32,29 +34,55 @@ def verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
             lows.add_metric(labels, float(point.low_recent))
             if point.judged:
                 at_floor.add_metric(labels, 1.0 if point.at_floor else 0.0)
+                flaps.add_metric(labels, float(point.flaps))
         add_known(
-            labels, ((spread, point.spread), (bound, point.low_bound), (foreign, point.foreign_cpu))
+            labels,
+            (
+                (spread, point.spread),
+                (bound, point.low_bound),
+                (decline, point.reference_line),
+                (foreign, point.foreign_cpu),
+            ),
         )
     yield from families
     yield from _reference_families(snapshot)
 
 
 def _reference_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """The long-term reference, why a series pages, and when each judged series was last judged
-    (the daemon's start until its first conclusive result: silence ages from the start)."""
-    reference = family("netmon_busbw_reference_bytes_per_second", snapshot)
-    reason = family("netmon_degraded_reason", snapshot)
-    judged_at = family("netmon_last_judged_timestamp_seconds", snapshot)
-    measured = [
-        (p.labels(), p.reference, p.reason, p.judged_at) for p in snapshot.series if p.judged
-    ]
-    restored = [(p.labels(), p.reference, p.reason, None) for p in snapshot.restored if p.judged]
-    for labels, value, why, at in measured + restored:
-        add_known(labels, ((reference, value),))
+    """Per judged series, measured since the start or restored: the long-term reference and
+    whether it is fixed yet, the long level, why and since when it pages and how often it
+    turned, and when it was last judged (the daemon's start until its first conclusive result:
+    silence ages from the start)."""
+    names = (
+        "netmon_busbw_reference_bytes_per_second",
+        "netmon_reference_mature",
+        "netmon_busbw_level_bytes_per_second",
+        "netmon_degraded_reason",
+        "netmon_degraded_since_timestamp_seconds",
+        "netmon_degraded_episodes",
+        "netmon_last_judged_timestamp_seconds",
+    )
+    families = [family(name, snapshot) for name in names]
+    reference, mature, level, reason, since, episodes, judged_at = families
+    points: list[SeriesPoint | VerdictPoint] = [*snapshot.series, *snapshot.restored]
+    for point in points:
+        if not point.judged:
+            continue
+        labels = point.labels()
+        add_known(labels, ((reference, point.reference), (level, point.long_level)))
+        if point.degraded:
+            # A verdict restored from a state file that did not say since when (an older
+            # netmon's) is degraded since the start at least: NetmonBusbwDegraded must see it.
+            turned = point.degraded_since
+            since.add_metric(labels, turned if turned is not None else snapshot.started_at)
+        mature.add_metric(labels, 1.0 if point.reference_mature else 0.0)
         for known in DEGRADED_REASONS:
-            reason.add_metric([*labels, known], 1.0 if why == known else 0.0)
+            reason.add_metric([*labels, known], 1.0 if point.reason == known else 0.0)
+        # A counter: 0 from the first verdict, so that increase() sees the first episode.
+        episodes.add_metric(labels, float(point.episodes))
+        at = point.judged_at if isinstance(point, SeriesPoint) else None
         judged_at.add_metric(labels, at if at is not None else snapshot.started_at)
-    yield from (reference, reason, judged_at)
+    yield from families
 
 
 def result_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -1,5 +1,5 @@
-"""Thin NVML access (nvidia-ml-py): GPU count, idle readings, topology, link health and the
-NVLink fabric.
+"""Thin NVML access (nvidia-ml-py): GPU count and models, idle readings, topology, link health
+and the NVLink fabric.
 
 Every reader opens NVML through `_session` and hands the answers to a pure translation (here
 reading_from_raw, netmon.topology.readings, netmon.gpu.linkhealth, netmon.gpu.fabric). Never
@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from netmon.gpu import linkhealth
 from netmon.gpu.fabric import FabricReading, fabric_from_raw
 from netmon.gpu.idle import ComputeMode, GpuReading, IdleSourceError
+from netmon.gpu.models import GpuName
 from netmon.topology.model import Pair, Topology
 from netmon.topology.readings import (
     GpuTopologyReading,
@@ -127,6 +128,19 @@ def gpu_count() -> int:
         return sum(1 for _ in _DRIVER_GPUS.iterdir())
     except OSError:
         return 0
+
+
+def read_gpu_names(nvml: Any = None) -> tuple[GpuName, ...]:
+    """Every GPU's index, UUID and model name (netmon.gpu.models picks the node's). Raises
+    NvmlUnavailable where NVML cannot be used; a name NVML cannot give is None."""
+    with _session(nvml) as nv:
+        ask = _asker(nv)
+        named = []
+        for index, handle in _handles(nv, "its model not read"):
+            uuid, name = ask(nv.nvmlDeviceGetUUID, handle), ask(nv.nvmlDeviceGetName, handle)
+            text = [None if value is None else _text(value) for value in (uuid, name)]
+            named.append(GpuName(index, text[0], text[1]))
+    return tuple(named)
 
 
 # --- Idle readings ------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from netmon.errors import UsageError
 from netmon.exposition.collector import SnapshotPage
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
-from netmon.gpu import idle
+from netmon.gpu import idle, models
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.group.auth import Sealer, group_secret
@@ -146,6 +146,23 @@ def _fabric() -> tuple[FabricReading, ...]:
         return ()
 
 
+def _gpu_model(config: NetmonConfig) -> str:
+    """The model of the probed GPUs, read from NVML once: one per node (netmon.gpu.models)."""
+    if config.backend != "nccl":
+        return models.CPU_MODEL
+    from netmon.gpu.nvml import read_gpu_names
+
+    try:
+        named = models.probed_models(read_gpu_names(), config.devices)
+    except Exception as exc:  # NvmlUnavailable, an NVMLError: a label must not stop the daemon
+        log.warning("no GPU model from NVML (%s): netmon_node_info says unknown", exc)
+        return models.UNKNOWN_MODEL
+    model = models.node_model(named)
+    if len(set(named)) > 1:
+        log.warning("the probed GPUs are of several models (%s): known as %s", named, model)
+    return model
+
+
 def _check_specs(config: NetmonConfig, topology: Topology | None) -> None:
     """Every local probe must make a runnable spec on this node ({numa} needs a NUMA node for
     every GPU): said once at start or reload, not as a failure at every run."""
@@ -181,7 +198,7 @@ class Daemon:
         _check_specs(config, self.topology)
         state_path = _state_path(config)
         keeper = BaselineKeeper.open(state_path, config.baseline, read_identity(self.topology))
-        self.results = Results(self.current, keeper)
+        self.results = Results(self.current, keeper, _gpu_model(config))
         state_dir = state_path.parent if state_path is not None else None
         self.sweep_inbox = open_inbox(config, state_dir, self.results.set_sweep)
         source = idle_source or _idle_source(config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 
@@ -24,18 +24,20 @@ from netmon.exposition.snapshot import (
     SeriesPoint,
     Snapshot,
     SweepView,
-    VerdictPoint,
     forget_verdict,
     series_points,
+    verdict_point,
 )
 from netmon.gpu.linkhealth import LinkHealth
-from netmon.probe import crossnode, nccl_debug
+from netmon.gpu.models import CPU_MODEL
 from netmon.probe.pairs import PairOutcome, PairSkip
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
+from netmon.serve.known import all_ranks, judging_counters, judging_probes, known_transport_faults
 from netmon.serve.pair_record import PairRecord
+from netmon.serve.pausing import after_pause
 from netmon.serve.peer_record import PeerRecord
 from netmon.serve.telemetry import load_interval
 
@@ -57,7 +59,9 @@ class _Tally:
 class Results:
     """The daemon's mutable record, guarded by a lock, published as immutable Snapshots."""
 
-    def __init__(self, current: CurrentConfig, keeper: BaselineKeeper) -> None:
+    def __init__(
+        self, current: CurrentConfig, keeper: BaselineKeeper, gpu_model: str = CPU_MODEL
+    ) -> None:
         # The configuration is read from `current` whenever it is needed, and each one published
         # there prunes what belonged to removed probes (reconfigure).
         self._current = current
@@ -69,12 +73,13 @@ class Results:
         self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
         self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
         self._simulated = sim.active() is not None
+        self._gpu_model = gpu_model  # read once at start (netmon.gpu.models)
         self._started_at = time.time()
         self._pairs = PairRecord(config)
         self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
         # Known mismatch reasons start at 0 on GPU nodes, so increase() sees the first one.
         self._transport_faults: dict[tuple[str, str, str], int] = dict.fromkeys(
-            _known_transport_faults(config), 0
+            known_transport_faults(config), 0
         )
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: LinkHealth | None = None
@@ -88,14 +93,14 @@ class Results:
         self._fork_fallbacks = dict.fromkeys(FORK_FALLBACK_REASONS, 0)
         self._zygote_starts = 0
         # Pre-set to 0 for every probe that judges results, so that increase() sees the first.
-        self._inconclusive = _judging_counters(config, {})
+        self._inconclusive = judging_counters(config, {})
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts = PeerRecord()
         self._group_rejected: dict[str, int] = {}
         self._sweep: SweepView | None = None  # set by the sweep inbox, where there is one
         # Results of judged series, conclusive or not: the disturbed share's denominator.
-        self._series_results = dict.fromkeys(_judging_probes(config), 0)
-        self._book.adopt_ranks(lambda name: _all_ranks(config, name))
+        self._series_results = dict.fromkeys(judging_probes(config), 0)
+        self._book.adopt_ranks(lambda name: all_ranks(config, name))
         self._snapshot = self._build_snapshot()
         current.on_change(self.reconfigure)
 
@@ -147,9 +152,9 @@ class Results:
             self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
             self._points = {k: v for k, v in self._points.items() if k[0] in names}
             # A probe a reload added counts from 0 like one present at start; a removed one goes.
-            self._inconclusive = _judging_counters(config, self._inconclusive)
+            self._inconclusive = judging_counters(config, self._inconclusive)
             self._series_results = {
-                p: self._series_results.get(p, 0) for p in _judging_probes(config)
+                p: self._series_results.get(p, 0) for p in judging_probes(config)
             }
             self._pairs.reconfigure(config)
             self._peer_verdicts.reconfigure(names)
@@ -275,8 +280,9 @@ class Results:
             # The probe did not run for over two intervals (paused, its GPUs held by jobs):
             # its ranks and devices are cold again, as after a start.
             previous = self._tally(probe.name).last_run
-            gap = 2 * probe.interval + probe.effective_jitter
-            paused = previous is not None and now - outcome.wall_s - previous > gap
+            paused = previous is not None and after_pause(
+                previous, now - outcome.wall_s, probe.interval, probe.effective_jitter
+            )
             self._account(probe.name, outcome, now)
             self._tally(probe.name).duration_s = outcome.wall_s
             self._note_transports(probe.name, path, outcome)
@@ -378,18 +384,7 @@ class Results:
             )
         points = tuple(self._points[key] for key in sorted(self._points))
         restored = tuple(
-            VerdictPoint(
-                probe=key[0],
-                op=key[1],
-                size_bytes=key[2],
-                path=key[3],
-                ranks=key[4],
-                baseline=verdict.baseline,
-                degraded=verdict.degraded,
-                reference=verdict.reference,
-                reason=verdict.reason,
-                judged=verdict.judged,
-            )
+            verdict_point(key, verdict)
             for key, verdict in sorted(self._book.verdicts().items())
             # A probe a new configuration removed keeps its state (it may come back), but its
             # series are not exported: a degraded one would page forever.
@@ -434,26 +429,8 @@ class Results:
             state_write_errors=self._keeper.write_errors,
             reference_resets=self._keeper.resets(self._series_results),
             sweep=self._sweep,
+            gpu_model=self._gpu_model,
         )
-
-
-def _judging_probes(config: NetmonConfig) -> list[str]:
-    """Probes whose results are judged against a baseline (pair probes judge pairs against each
-    other)."""
-    return [p.name for p in config.probes or () if p.kind != "pairs"]
-
-
-def _judging_counters(
-    config: NetmonConfig, counts: dict[tuple[str, str], int]
-) -> dict[tuple[str, str], int]:
-    """Inconclusive counts of every probe whose results are judged against a baseline (pair
-    probes judge pairs against each other), the ones already counted kept."""
-    return {
-        (p.name, reason): counts.get((p.name, reason), 0)
-        for p in config.probes or ()
-        if p.kind != "pairs"
-        for reason in baseline.INCONCLUSIVE_REASONS
-    }
 
 
 def _log_change(key: baseline.BaselineKey, verdict: baseline.Verdict) -> None:
@@ -465,35 +442,9 @@ def _log_change(key: baseline.BaselineKey, verdict: baseline.Verdict) -> None:
         log.info("cleared: %s: %s", series, verdict.explain())
 
 
-def _known_transport_faults(config: NetmonConfig) -> Iterator[tuple[str, str, str]]:
-    """(probe, path, reason) of every transport fault a probe can have: a local path's reasons,
-    and for a group's rounds and node pairs the network reasons of the group's `transport`."""
-    if config.backend != "nccl":
-        return
-    local = [r for r in nccl_debug.REASONS if r not in crossnode.NET_REASONS]
-    transport = config.group.transport if config.group is not None else "any"
-    across = crossnode.network_reasons(crossnode.INTENT_OF_TRANSPORT[transport])
-    for probe in config.probes or ():
-        if probe.scope == "local":
-            yield from ((probe.name, path, r) for path in probe.paths for r in local)
-        else:
-            path = "node_pair" if probe.scope == "node_pairs" else "group"
-            yield from ((probe.name, path, r) for r in across)
-
-
 def _torch_version() -> str:
     # From the package metadata: the daemon never imports torch.
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return ""
-
-
-def _all_ranks(config: NetmonConfig, name: str) -> int | None:
-    """The ranks a local probe ran with before probes could run on the idle set."""
-    probe = next((p for p in config.probes or () if p.name == name), None)
-    if probe is None or probe.scope != "local" or probe.kind != "collective":
-        return None
-    if config.backend == "nccl":
-        return len(probe.devices or config.devices or ()) or None
-    return probe.ranks or config.ranks or 2
