@@ -34,6 +34,7 @@ CUTS = (0.20, 0.25, 0.30, 0.40)
 # A cut of 0 is a healthy link held for as long: anything flagged there is a false alarm.
 HEALTHY = 0.0
 KEY = ("large", "all_reduce", 16 << 20, "default", 2)
+T0 = 1_767_225_600.0  # a midnight
 
 
 def series(noise: float, cut: float, seed: int, healthy: int, held: int, after: int) -> list[float]:
@@ -55,7 +56,8 @@ def trial(
 ) -> dict[str, Any]:
     book = BaselineBook(policy)
     verdicts: list[Verdict] = [
-        book.observe(KEY, value) for value in series(noise, cut, seed, healthy, held, after)
+        book.observe(KEY, value, at=T0 + 60 * i)  # one result a minute
+        for i, value in enumerate(series(noise, cut, seed, healthy, held, after))
     ]
     during = [v.degraded for v in verdicts[healthy : healthy + held]]
     ended = [v.degraded for v in verdicts[healthy + held :]]

@@ -268,6 +268,7 @@ def test_to_json_is_a_versioned_document() -> None:
                 "tolerated": 0,
                 "degraded_since": None,
                 "since": 0,
+                "below": 0,
             }
         ],
     }

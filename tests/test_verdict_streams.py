@@ -170,33 +170,33 @@ def test_replay_prints_a_json_line_per_result_in_input_order(tmp_path: Path) -> 
     assert "large/all_reduce/268435456/default/8:" in summary.stdout and "[low" in summary.stdout
 
 
-def test_replay_reads_a_prometheus_range_query_and_stdin() -> None:
+def test_replay_reads_prometheus_range_queries_appended_and_stdin() -> None:
     results = list(s.stream(s.Shape(s.flat, s.no_fault), SEED, days=0.05))
-    # Scraped every 15 s: each result repeats until the next one.
-    values = [[r["t"] + 15 * k, repr(r["busbw"])] for r in results for k in range(4)]
     labels = {"probe": "large", "op": "all_reduce", "size_bytes": "268435456", "path": "default"}
-    answer = {
-        "status": "success",
-        "data": {
-            "resultType": "matrix",
-            "result": [
-                {
-                    "metric": {
-                        "__name__": "netmon_busbw_bytes_per_second",
-                        **labels,
-                        "ranks": "8",
-                        "instance": "n1",
-                    },
-                    "values": values,
-                }
-            ],
-        },
-    }
-    done = run_replay("-", "--json", stdin=json.dumps(answer))
+
+    def answer(part: list[dict[str, Any]]) -> str:
+        # Scraped every 15 s: each result repeats until the next one.
+        values = [[r["t"] + 15 * k, repr(r["busbw"])] for r in part for k in range(4)]
+        metric = {"__name__": "netmon_busbw_bytes_per_second", **labels, "ranks": "8"}
+        document = {"resultType": "matrix", "result": [{"metric": metric, "values": values}]}
+        return json.dumps({"status": "success", "data": document})
+
+    half = len(results) // 2
+    # A long range fetched in two chunks, one answer a line, the later chunk first.
+    done = run_replay("-", "--json", stdin=f"{answer(results[half:])}\n{answer(results[:half])}\n")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(lines) == len(results)  # one per result, not one per scrape
+    assert [line["t"] for line in lines] == [r["t"] for r in results]  # in time order
     assert lines[-1]["verdict"] == "healthy"
+    # One answer alone, pretty-printed over many lines, is read whole.
+    pretty = json.dumps(json.loads(answer(results)), indent=2)
+    assert len(run_replay("-", "--json", stdin=pretty).stdout.splitlines()) == len(results)
+    # Two nodes' series in one answer would be replayed as one: refused.
+    both = json.loads(answer(results))
+    both["data"]["result"] *= 2
+    refused = run_replay("-", stdin=json.dumps(both))
+    assert refused.returncode == 2 and "query one instance at a time" in refused.stderr
 
 
 @pytest.mark.parametrize(

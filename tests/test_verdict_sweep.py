@@ -1,7 +1,7 @@
 """Held cuts under synthetic noise, through the real BaselineBook (issue 23; bench/verdict_sweep.py
 has the whole table, docs/BENCHMARKS.md its figures): every cut of 30 % or more under noise up to
-10 % is flagged in at least 39 of 40 seeds and never cleared while it is held for 1,000 results,
-and a healthy link held as long is never flagged."""
+10 % is flagged in at least 39 of 40 seeds, never cleared while it is held for 1,000 results and
+cleared within 30 once it ends, and a healthy link held as long is never flagged."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ def test_a_deep_cut_is_flagged_and_held(noise: float, cut: float) -> None:
     assert row["flagged"] >= 39, row
     assert row["cleared_while_held"] == 0, row
     assert row["false_in_healthy"] == 0, row
-    assert row["clear_after_max"] is not None and row["clear_after_max"] <= 20, row
+    # Cleared within 30 results of the repair (issue 33): the results since the fault count
+    # once there is a baseline window of them.
+    assert row["clear_after_max"] is not None and row["clear_after_max"] <= 30, row
 
 
 @pytest.mark.parametrize("noise", verdict_sweep.NOISES)

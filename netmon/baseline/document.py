@@ -85,6 +85,7 @@ class _Entry(_Strict):
     tolerated: int = Field(0, ge=0)
     degraded_since: float | None = Field(None, allow_inf_nan=False)
     since: int = Field(0, ge=0)
+    below: int = Field(0, ge=0)
 
 
 class _Document(_Strict):
@@ -122,6 +123,7 @@ def dump(tracks: Mapping[Key, Track], identity: Mapping[str, tuple[str, ...]]) -
             tolerated=track.tolerated,
             degraded_since=track.degraded_since,
             since=track.since,
+            below=track.below,
         ).model_dump(mode="json")
         for key, track in sorted(tracks.items(), key=lambda item: item[0])
     ]
@@ -176,6 +178,7 @@ def _tracks(
             # A version 1 file: the reference starts from the baseline it kept.
             track.reference = Reference.seeded(robust.median(track.learned), time.time())
         track.accepted = entry.accepted
+        track.below = entry.below
         if entry.trend is not None:
             track.trend = entry.trend.hours()
         if track.baseline(policy) is not None:

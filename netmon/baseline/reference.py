@@ -73,8 +73,13 @@ class Reference:
 
     def floor(self) -> float | None:
         """The lowest level a healthy series of this reference is expected at: the trough of
-        its day once mature, the provisional level while young."""
-        return self.low if self.low is not None else self.value()
+        its day (the 10th percentile of its hour medians), of the hours seen so far while it is
+        young. A series that started at its peak is at the lowest hour it has seen when it nears
+        its first trough, not under the mean of the hours before."""
+        if self.low is not None:
+            return self.low
+        medians = self.hours.medians()
+        return robust.quantile(medians, 0.1) if medians else None
 
     @classmethod
     def seeded(cls, level: float, at: float) -> Reference:

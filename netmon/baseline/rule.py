@@ -1,14 +1,14 @@
 """The rule that judges each result of a series (docs/SIGNAL.md, "The rule").
 
 Four ways to be degraded, each with its own way back:
-- `low`: M of the last N results under the low line of the rolling baseline (a cut);
+- `low`: M of the last N results under the low line of the expected level (a cut);
 - `drift`: the recent level (median of the last 9) under its line (a cut hidden in noise);
-- `flapping`: k of the last F results low or noisy while others are healthy (an intermittent
-  fault that no majority rule sees);
-- `decline`: the long level (median of the last 60) under the reference's lines: a slow loss
+- `flapping`: k of the last F results low or noisy, spread among healthy ones (an
+  intermittent fault that no majority rule sees);
+- `decline`: the long level (median of the last 120) under the reference's line: a slow loss
   that the rolling baseline follows, or a cumulative one beyond the tolerance.
-A loss within the tolerance held for `accept_after` results is accepted (the verdict clears
-and the baseline starts from the new level); a loss beyond it never is.
+A loss within the tolerance held for `accept_after` results and steady over hours is accepted
+(the verdict clears and the baseline starts from the new level); a loss beyond it never is.
 
 Pure logic: no clock, no I/O.
 """
@@ -203,10 +203,12 @@ def _back(track: Track, policy: BaselinePolicy, line: float) -> bool:
 def _decline(
     track: Track, policy: BaselinePolicy, size: int, recent: float | None, conditions: set[str]
 ) -> bool:
-    """Turn `decline` when the long level and the recent level are both under the reference's
-    line; clear it once the recent and back levels are halfway back to the accepted level (a
-    repair shows there within half a window; the long level would take half of its own).
-    Whether the long level is within the tolerance (True while either is not known yet)."""
+    """Turn `decline` when the long level has been under the reference's line for
+    decline_hold results in a row (at once under the tolerance itself: a wander dips and comes
+    back, a decline stays) and the recent level is under it too; clear it once the recent and
+    back levels are halfway back to the accepted level (a repair shows there within a baseline
+    window; the long level would take half of its own). Whether the long level is within the
+    tolerance (True while either is not known yet)."""
     level = track.long_level(policy)
     lines = track.reference_lines(policy, size)
     if level is None or lines is None or recent is None:

@@ -71,6 +71,11 @@ class Verdict:
             if self.level is not None and self.level_bound is not None
             else ""
         )
+        if self.long_level is not None and self.reference_line is not None:
+            level += (
+                f"; long level {_gbps(self.long_level)} GB/s, the reference's line "
+                f"{_gbps(self.reference_line)} GB/s"
+            )
         reference = f", reference {_gbps(self.reference)} GB/s" if self.reference else ""
         why = f"[{self.reason}] " if self.degraded and self.reason else ""
         return (

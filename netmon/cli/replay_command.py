@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -65,33 +65,53 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def read_stream(name: str) -> list[Any]:
-    """The stream's results, in input order; UsageError naming the line and field."""
-    from netmon.serve import promstream, replay
+    """The stream's results, in input order; UsageError naming the line and field. A line (or
+    the whole file) that is a Prometheus query_range answer gives its results; those are put
+    in time order, as chunks of a long range appended one after another would not be."""
+    from netmon.serve import replay
 
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"STREAM {name}: cannot read it ({exc})") from None
-    try:
-        whole = json.loads(text)  # JSON lines of more than one result are not one document
-    except json.JSONDecodeError:
-        whole = None
-    if whole is not None and promstream.is_query_range(whole):
-        documents: Iterable[tuple[str, object]] = (
-            (f"{name}: series {r['probe']}/{r['size']}", r) for r in promstream.results_of(whole)
-        )
-    else:
-        documents = _lines(name, text)
+    documents, from_prometheus = _documents(name, text)
     try:
         results = [replay.parse_result(document, where) for where, document in documents]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not results:
         raise UsageError(f"STREAM {name}: no results in it")
-    return results
+    return sorted(results, key=lambda r: r.t) if from_prometheus else results
 
 
-def _lines(name: str, text: str) -> Iterable[tuple[str, object]]:
+def _documents(name: str, text: str) -> tuple[list[tuple[str, object]], bool]:
+    """(where, object) of every result in `text`, and whether any came from Prometheus."""
+    from netmon.serve import promstream
+
+    try:
+        whole = json.loads(text)  # one answer, maybe pretty-printed over many lines
+    except json.JSONDecodeError:
+        whole = None
+    lines = [(name, whole)] if promstream.is_query_range(whole) else list(_lines(name, text))
+    documents: list[tuple[str, object]] = []
+    from_prometheus = False
+    for where, document in lines:
+        if not promstream.is_query_range(document):
+            documents.append((where, document))
+            continue
+        from_prometheus = True
+        assert isinstance(document, dict)  # is_query_range: a mapping
+        try:
+            documents += [
+                (f"{where}: series {r['probe']}/{r['size']}", r)
+                for r in promstream.results_of(document)
+            ]
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+    return documents, from_prometheus
+
+
+def _lines(name: str, text: str) -> Iterator[tuple[str, object]]:
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

@@ -26,6 +26,7 @@ def results_of(document: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """Every result of every series in the answer, each series in time order, series after
     series (a replay keeps each series' order; series do not share state). ValueError naming
     the series and the label or sample that is wrong."""
+    seen: set[tuple[object, ...]] = set()
     for index, item in enumerate(document["data"].get("result") or []):
         metric = item.get("metric") if isinstance(item, Mapping) else None
         if not isinstance(metric, Mapping):
@@ -43,6 +44,13 @@ def results_of(document: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
             "path": metric["path"],
             "ranks": _int(metric["ranks"], index, "ranks"),
         }
+        key = tuple(labels.values())
+        if key in seen:
+            raise ValueError(
+                f"data.result[{index}]: a second series of {'/'.join(map(str, key))}: "
+                "query one instance at a time"
+            )
+        seen.add(key)
         previous: str | None = None
         for sample in item.get("values") or []:
             if not (isinstance(sample, list) and len(sample) == 2):
