@@ -143,8 +143,9 @@ def test_a_step_down_within_the_tolerance_is_accepted_once_it_holds() -> None:
     step = stream.hours(24, GOOD * 0.85)
     assert "decline" in reasons(step)  # under the reference's line: a loss it has to show
     cleared = next(i for i, v in enumerate(step) if v.degraded and not step[i + 1].degraded) + 1
-    # Accepted only once the level held over hours: the step must leave the steadiness window.
-    assert 8 * 60 <= cleared <= 12 * 60
+    # Accepted only once the level held over hours: the step must leave the steadiness window
+    # (12 hours), well within the day after it.
+    assert 11 * 60 <= cleared <= 14 * 60
     assert not any(v.degraded for v in step[cleared:])
     after = step[-1]
     assert after.reference == reference  # the reference never moves

@@ -70,7 +70,7 @@ class BaselinePolicy(BaseModel):
     accept_after: int = Field(default=30, ge=1)
     # ... and only once the level holds: its hour medians over the last `steady_hours` fall by
     # less than `steady_slope` (relative) an hour. A slow decline is never accepted.
-    steady_hours: int = Field(default=8, ge=3)
+    steady_hours: int = Field(default=12, ge=3)
     steady_slope: float = Field(default=0.0025, ge=0, allow_inf_nan=False)
     # Flapping: at least `flap_trigger` of the last `flap_window` results low or noisy while
     # as many were healthy.
