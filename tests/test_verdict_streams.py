@@ -62,10 +62,18 @@ def test_a_healthy_daily_swing_is_never_paged_whatever_its_start(phase: str) -> 
 
 
 def test_a_healthy_slow_wander_is_degraded_under_1_percent() -> None:
-    rng = random.Random(f"wander/{SEED}")
-    results = list(s.stream(s.Shape(s.ar1(0.05, 6 * H, 60, rng), s.no_fault), SEED, days=7))
-    flags = [r.verdict.degraded for r in replayed(results)]
-    assert sum(flags) / len(flags) < 0.01
+    """Six weeks of wander, a week each. A reference learned on one day of a process that
+    wanders on a six-hour timescale can be a few percent off its mean, and the process itself
+    dips 2-3 sd for hours now and then: about 2 weeks in 100 are degraded over 1 % of the time
+    (docs/SIGNAL.md, "A slow decline against a slow wander"). The first seed is one of them."""
+    shares = []
+    for seed in range(SEED, SEED + 6):
+        rng = random.Random(f"wander/{seed}")
+        results = list(s.stream(s.Shape(s.ar1(0.05, 6 * H, 60, rng), s.no_fault), seed, days=7))
+        flags = [r.verdict.degraded for r in replayed(results)]
+        shares.append(sum(flags) / len(flags))
+    assert sum(shares) / len(shares) < 0.01, shares
+    assert sum(share >= 0.01 for share in shares) <= 1, shares
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["plain", "restart-mid-cut"])

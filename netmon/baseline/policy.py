@@ -59,11 +59,11 @@ class BaselinePolicy(BaseModel):
     reference_min_hours: int = Field(default=12, ge=1)
     # Once the reference is fixed, a long level more than `decline_margin` under it (or
     # `decline_k` x the spread of its hours, where the series wanders more) is a decline.
-    decline_margin: float = Field(default=0.09, gt=0, lt=1, allow_inf_nan=False)
+    decline_margin: float = Field(default=0.08, gt=0, lt=1, allow_inf_nan=False)
     decline_k: float = Field(default=6.0, ge=0, allow_inf_nan=False)
     # ... held for `decline_hold` results in a row (a wander dips and comes back; a decline
     # stays). Under the tolerance (ratio x the reference) it turns at once.
-    decline_hold: int = Field(default=90, ge=1)
+    decline_hold: int = Field(default=180, ge=1)
     # A loss within the tolerance (the recent level over its line, the long level over ratio x
     # the reference) held for `accept_after` results in a row is accepted: the verdict clears
     # and the baseline starts from the new level. A loss beyond the tolerance never is.
