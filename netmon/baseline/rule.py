@@ -15,8 +15,10 @@ Pure logic: no clock, no I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+from netmon.baseline import robust
 from netmon.baseline.lines import Lines
 from netmon.baseline.policy import BaselinePolicy
 from netmon.baseline.track import BAD, BETWEEN, HEALTHY, LOW, NOISY, Track, usable
@@ -208,7 +210,7 @@ def _decline(
     back, a decline stays) and the recent level is under it too; clear it once the recent and
     back levels are halfway back to the accepted level (a repair shows there within a baseline
     window; the long level would take half of its own). Whether the long level is within the
-    tolerance (True while either is not known yet)."""
+    tolerance, by more than its own noise (True while either is not known yet)."""
     level = track.long_level(policy)
     lines = track.reference_lines(policy, size)
     if level is None or lines is None or recent is None:
@@ -219,4 +221,7 @@ def _decline(
         conditions.add("decline")
     elif _back(track, policy, lines.back):
         conditions.discard("decline")
-    return level >= lines.tolerance
+    # Within by more than the long level's own noise (three standard errors of its median): a
+    # loss right at the tolerance (a 20 % cut at ratio 0.8) is on the line, never accepted.
+    noise = 3 * robust.MEDIAN_SE * track.spread() / math.sqrt(len(track.long))
+    return level >= lines.tolerance + noise
