@@ -618,6 +618,7 @@ class Model:
         return statistics.median(self.level) >= line and statistics.median(since) >= line
 
     def flapping(self, level_ok: bool) -> None:
+        """No noisy results here (cv 0): every bad result is a low one."""
         flags = list(self.flaps)
         bad, good = flags.count(True), flags.count(False)
         trigger = self.policy.flap_trigger
@@ -632,7 +633,7 @@ class Model:
                 and level_ok
             ):
                 self.conditions.add("flapping")
-        elif bad <= 1 or good == 0:
+        elif bad <= 1 or good == 0 or not level_ok:
             self.conditions.discard("flapping")
 
     def step(self, value: float) -> tuple[float | None, float | None]:

@@ -120,17 +120,42 @@ def test_a_held_cut_and_its_repair_are_not_flapping() -> None:
     assert not verdicts[-1].degraded
 
 
-def test_noisy_results_are_evidence_of_flapping() -> None:
+def test_noisy_results_are_evidence_of_flapping_beside_low_ones() -> None:
     stream = learned()
     book, verdicts = stream.book, []
-    for i in range(40):
-        # Every other result's own cv is ten times the usual: inconclusive for its level,
-        # but a link that flaps within a run is noisy exactly so.
-        cv = 0.5 if i % 3 == 0 else 0.0
-        verdicts.append(book.observe(KEY, GOOD, cv, at=stream.t))
+    for i in range(60):
+        # One result in ten at half bandwidth, two in ten with their own cv ten times the
+        # usual: two low results in 20 are not flapping, but with four noisy ones beside them
+        # (a link that drops out within a run is noisy exactly so) they are.
+        low, noisy = i % 10 == 3, i % 10 in (0, 6)
+        busbw, cv = (GOOD * 0.5 if low else GOOD), (0.5 if noisy else 0.0)
+        verdicts.append(book.observe(KEY, busbw, cv, at=stream.t))
         stream.t += 60
     assert any(v.inconclusive == "noisy" for v in verdicts)
     assert "flapping" in reasons(verdicts)
+
+
+def test_noisy_results_alone_are_not_flapping() -> None:
+    stream = learned()
+    book, verdicts = stream.book, []
+    for i in range(200):
+        cv = 0.5 if i % 4 == 0 else 0.0  # a healthy series with a noisy run now and then
+        verdicts.append(book.observe(KEY, GOOD * WOBBLE[i % 3], cv, at=stream.t))
+        stream.t += 60
+    assert sum(v.inconclusive == "noisy" for v in verdicts) >= 40
+    assert not any(v.degraded for v in verdicts)
+
+
+def test_a_repair_with_a_noisy_result_is_not_flapping() -> None:
+    stream = learned()
+    cut = stream.feed([GOOD * 0.75] * 30)
+    book, after = stream.book, []
+    for i in range(40):  # repaired; its third result is noisy (a round across the repair)
+        after.append(book.observe(KEY, GOOD * WOBBLE[i % 3], 0.5 if i == 2 else 0.0, at=stream.t))
+        stream.t += 60
+    assert reasons(cut) <= {"low", "drift"}
+    assert "flapping" not in reasons(after)
+    assert next(i for i, v in enumerate(after) if not v.degraded) < 30
 
 
 # --- a loss within the tolerance

@@ -176,11 +176,13 @@ def _turn(track: Track, policy: BaselinePolicy, size: int, lines: Lines, at: flo
 
 
 def _flapping(track: Track, policy: BaselinePolicy, conditions: set[str], level_ok: bool) -> None:
-    """Flapping: at least flap_trigger of the last flap_window results low or noisy, spread
-    over both halves of the window and still among its newest quarter, while as many were
-    healthy and the recent level is back over its clearing line (`level_ok`). A held cut (a
-    low level) and the repair after it (its newest results all good) are not flapping: `low`
-    and `drift` judge those. Over when at most one was bad, or none was healthy."""
+    """Flapping: at least flap_trigger of the last flap_window results low or noisy, half of
+    them low, spread over both halves of the window and a low one among its newest quarter,
+    while as many were healthy and the recent level is back over its clearing line
+    (`level_ok`). Noisy results alone are not flapping: a healthy series has a few. A held cut
+    (a low level) and the repair after it (its newest results good) are not either: `low` and
+    `drift` judge those. Over when at most one was bad, none was healthy, or the recent level
+    is under its clearing line (a fault that holds: `low` and `drift` name it better)."""
     flags = list(track.flaps)
     bad = sum(f in BAD for f in flags)
     good = sum(f == HEALTHY for f in flags)
@@ -188,11 +190,12 @@ def _flapping(track: Track, policy: BaselinePolicy, conditions: set[str], level_
         half, quarter = len(flags) // 2, max(len(flags) // 4, 1)
         older = sum(f in BAD for f in flags[:half])
         spread_out = min(older, bad - older) >= policy.flap_trigger / 2
-        ongoing = any(f in BAD for f in flags[-quarter:])
+        lows = flags.count(LOW) >= policy.flap_trigger / 2
+        ongoing = LOW in flags[-quarter:]
         counts = bad >= policy.flap_trigger and good >= policy.flap_trigger
-        if counts and spread_out and ongoing and level_ok:
+        if counts and lows and spread_out and ongoing and level_ok:
             conditions.add("flapping")
-    elif bad <= 1 or good == 0:
+    elif bad <= 1 or good == 0 or not level_ok:
         conditions.discard("flapping")
 
 
