@@ -21,6 +21,7 @@ import pytest
 from netmon import baseline
 from netmon.config import LinkTelemetryConfig, NetmonConfig, parse_config, resolve
 from netmon.exposition.collector import SnapshotPage
+from netmon.gpu.idle import IdlePolicy
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.gpu.nvml import NvmlSource, read_link_health
 from netmon.probe.forking import Zygote
@@ -32,7 +33,7 @@ from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
 from tests.conftest import live_processes, wait_for
-from tests.gpu_node import SimNode, dgx_h100, mixed_models, pcie_workstation
+from tests.gpu_node import FIXTURES, SimNode, dgx_h100, mixed_models, pcie_workstation
 
 # Long enough on gloo that a job can arrive mid-measure; cheap to start.
 LONG = {"sizes": ["16M"], "iters": 400, "warmup": 1, "timeout": "60s"}
@@ -592,7 +593,7 @@ def test_the_default_daemon_on_a_simulated_dgx_never_takes_its_own_ranks_for_a_j
         in text
     )
     series = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert len(series) < 500, len(series)  # tests/test_cardinality.py: 452 at most
+    assert len(series) < 500, len(series)  # tests/test_cardinality.py: 458 at most
 
 
 def test_a_pair_sweep_that_comes_due_while_a_collective_runs_waits_for_it(
@@ -616,3 +617,50 @@ def test_a_pair_sweep_that_comes_due_while_a_collective_runs_waits_for_it(
     assert {(p.gpu, p.peer_gpu) for p in snapshot.links} == {(0, 1), (0, 2), (1, 2)}
     assert sum(snapshot.pair_skips.values()) == 0, snapshot.pair_skips
     assert snapshot.probes["pairs"].skips == {}
+
+
+def nvlink_pair_node(directory: Path) -> SimNode:
+    """The shipped 3 x RTX A6000 node: GPUs 0 and 1 on an NVLink bridge, GPU 2 on PCIe only."""
+    import json
+
+    shipped = FIXTURES / "nodes" / "nvlink-pair-3x-a6000.json"
+    document = json.loads(shipped.read_text())
+    document["topology"] = str((shipped.parent / document["topology"]).resolve())
+    document.setdefault("processes", [])
+    directory.mkdir(parents=True, exist_ok=True)
+    return SimNode(directory / "a6k3.json", document)
+
+
+def test_a_shared_node_never_takes_its_own_probes_for_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: `gpus: idle` every 3 s and pairs every 4 s on a 3-GPU NVLink-pair node with no
+    job at all. The ranks one probe leaves exiting, and the utilization their collectives leave,
+    are netmon's own: no run or pair is skipped as a job's, and none is preempted."""
+    node = nvlink_pair_node(tmp_path).activate(monkeypatch)
+    probes: list[dict[str, Any]] = [
+        {"name": "idle_set", "sizes": ["1M"], "interval": "3s", "gpus": "idle", "min_gpus": 2},
+        {"name": "pairs", "kind": "pairs", "sizes": ["1M"], "interval": "4s"},
+    ]
+    config = config_for(tmp_path, ["0", "1", "2"], probes).model_copy(
+        update={"listen": "127.0.0.1:0", "idle": IdlePolicy(samples=3, sample_interval=0.2)}
+    )
+    daemon = Daemon(config)
+    daemon.start()
+    started = time.monotonic()
+    try:
+        wait_for(lambda: time.monotonic() - started > 60 or None, 70, "a minute", poll=1)
+    finally:
+        daemon.stop()
+    snapshot = daemon.results.snapshot()
+    skips = {p: s.skips for p, s in snapshot.probes.items()}
+    failures = {p: s.failures for p, s in snapshot.probes.items()}
+    assert not [r for s in skips.values() for r, n in s.items() if n and r.startswith("gpu_")]
+    pair_skips = {k: n for k, n in snapshot.pair_skips.items() if n}
+    assert not [k for k in pair_skips if k[1].startswith("gpu_")], pair_skips
+    assert failures == {"idle_set": {}, "pairs": {}}
+    runs = {p: s.runs for p, s in snapshot.probes.items()}
+    # About 20 and 15 come due; on a loaded 2-core machine one may wait for the other.
+    assert runs["idle_set"] >= 8 and runs["pairs"] >= 6, runs
+    assert {(p.gpu, p.peer_gpu) for p in snapshot.links} == {(0, 1), (0, 2), (1, 2)}
+    assert node.opened()  # the ranks were there for NVML to list

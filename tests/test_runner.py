@@ -153,3 +153,72 @@ def test_an_internal_error_is_counted_not_raised(tmp_path: Path) -> None:
     runner.readiness = None  # type: ignore[assignment]  # any bug inside a run
     runner.run("small")
     assert results.snapshot().probes["small"].failures == {"internal": 1}
+
+
+class _Script:
+    """NVML's answers in order, the last one repeated."""
+
+    def __init__(self, *readings: list[idle.GpuReading]) -> None:
+        self.readings = list(readings)
+
+    def read(self) -> list[idle.GpuReading]:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def _claim(tmp_path: Path, source: idle.IdleSource) -> Any:
+    runner, _ = _runner(tmp_path, source)
+    with runner.readiness.claim(frozenset({"0", "1"}), ["0", "1"], lock_timeout=1) as decision:
+        return decision
+
+
+NOBODY = 4_194_304 + 7  # above any pid_max: a PID with no /proc entry
+
+
+def test_a_listed_pid_that_exited_by_the_time_it_is_looked_up_is_read_again_not_a_job(
+    tmp_path: Path,
+) -> None:
+    gone = [_reading(0, (NOBODY,)), _reading(1)]
+    assert _claim(tmp_path, _Script(gone, gone, [_reading(0), _reading(1)])).ready
+
+
+def test_a_pid_that_stays_listed_but_unseen_is_a_job_after_the_wait(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("netmon.serve.readiness.OWN_EXIT_S", 0.3)
+    decision = _claim(tmp_path, _Script([_reading(0, (NOBODY,)), _reading(1)]))
+    assert (decision.ready, decision.reason) == (False, "gpu_busy_process")
+
+
+def test_our_own_ranks_are_waited_for_and_their_load_is_ours(tmp_path: Path) -> None:
+    """Ranks of our last probe still on a GPU (exiting), with the utilization they left: the next
+    probe waits for them and starts, never skipped as a job."""
+    rank = subprocess.Popen(["sleep", "60"])
+    try:
+        ours = [_reading(0, (rank.pid,), utilization=90), _reading(1)]
+        after = [_reading(0, utilization=90), _reading(1)]
+        assert _claim(tmp_path, _Script(ours, ours, ours, after)).ready
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_our_own_ranks_that_stay_are_skipped_as_ours_not_as_a_job(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr("netmon.serve.readiness.OWN_EXIT_S", 0.3)
+    rank = subprocess.Popen(["sleep", "60"])
+    try:
+        decision = _claim(tmp_path, _Script([_reading(0, (rank.pid,)), _reading(1)]))
+    finally:
+        rank.kill()
+        rank.wait()
+    assert (decision.ready, decision.reason) == (False, "own_probe")
+    # A job beside them is still a job.
+    rank = subprocess.Popen(["sleep", "60"])
+    try:
+        both = [_reading(0, (rank.pid, 1)), _reading(1)]
+        decision = _claim(tmp_path, _Script(both))
+    finally:
+        rank.kill()
+        rank.wait()
+    assert (decision.ready, decision.reason) == (False, "gpu_busy_process")

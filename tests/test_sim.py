@@ -115,6 +115,33 @@ def test_a_registered_process_is_listed_until_it_exits_and_a_zombie_is_not(
     assert opened["pid"] == child.pid and opened["env"] == {"CUDA_VISIBLE_DEVICES": node.uuid(2)}
 
 
+def test_a_ranks_gpu_reads_busy_while_its_collectives_run_not_while_it_only_holds_it(
+    tmp_path: Path,
+) -> None:
+    """NVML's utilization counts kernels: a rank with a context and nothing running leaves the
+    GPU idle; its collectives make it busy, for up to NVML's window after they end, whoever
+    reads NVML and whenever the rank exits."""
+    node = dgx_h100(tmp_path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        node.sim.register(node.uuid(4), child.pid, {})
+        assert node.read()[4].compute_pids == (child.pid,) and node.read()[4].utilization == 0
+        node.sim.kernels(child.pid, True)
+        assert node.read()[4].utilization == 90
+        node.sim.kernels(child.pid, False)
+        ended = time.monotonic()
+        time.sleep(0.3)  # nobody reads NVML meanwhile: the window still counts from the end
+        child.kill()
+        child.wait()
+        assert node.ranks_on(4) == []
+        assert node.read()[4].utilization == (90 if time.monotonic() - ended < 1.0 else 0)
+        wait_for(lambda: node.read()[4].utilization == 0 or None, 5, "the window", 0.02)
+        assert time.monotonic() - ended <= 1.5
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_reused_pid_is_not_taken_for_the_rank_that_had_it(tmp_path: Path) -> None:
     node = dgx_h100(tmp_path)
     node.sim.register(node.uuid(0), os.getpid(), {})

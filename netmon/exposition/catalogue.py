@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from netmon.gpu.compat import FAULT_REASONS
 from netmon.gpu.idle import REASONS as IDLE_REASONS
 from netmon.probe.cpushare import MODES
 from netmon.probe.forking import FALLBACK_REASONS, START_METHODS
@@ -65,6 +66,7 @@ FAILURE_REASONS = (
 SKIP_REASONS = (
     "paused",
     "devices_busy",
+    "own_probe",
     "gpu_busy_process",
     "gpu_busy_utilization",
     "gpu_busy_memory",
@@ -79,10 +81,11 @@ SKIP_REASONS = (
     "still_running",
     "member_absent",
     "path_unsupported",
+    *FAULT_REASONS,
 )
 # Why a pair of a pairs probe was not measured: a GPU of it paused, held by another probe, or not
 # idle by NVML or the kubelet (netmon.gpu.idle's reasons).
-PAIR_SKIP_REASONS = ("paused", "devices_busy", *IDLE_REASONS)
+PAIR_SKIP_REASONS = ("paused", "devices_busy", "own_probe", *IDLE_REASONS)
 # How ranks started, and why a probe's ranks were spawned although the zygote was configured.
 RANK_START_METHODS = START_METHODS
 FORK_FALLBACK_REASONS = FALLBACK_REASONS

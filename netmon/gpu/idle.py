@@ -179,12 +179,15 @@ class IdleSourceError(Exception):
 
 def find_reading(readings: Sequence[GpuReading], device: str) -> GpuReading | None:
     """The reading of `device`: an NVML index ("0") or a UUID ("GPU-...", any case)."""
+    return next((r for r in readings if reads_as(r, device)), None)
+
+
+def reads_as(reading: GpuReading, device: str) -> bool:
+    """Whether `reading` is of `device`, an NVML index or a UUID (any case)."""
     device = device.strip()
     if device.isdigit():
-        index = int(device)
-        return next((r for r in readings if r.index == index), None)
-    wanted = device.lower()
-    return next((r for r in readings if r.uuid.lower() == wanted), None)
+        return reading.index == int(device)
+    return reading.uuid.lower() == device.lower()
 
 
 def _mib(size: int) -> str:

@@ -201,6 +201,7 @@ class Rank:
             carried = buffers_for(spec.op, sim_rank.carried(chunk_bytes), self.world, spec.dtype)
         collective = Collective(torch, dist, spec, self.rank, device, carried)
         self.enter("warmup", size=size)
+        sim_rank.kernels(True)
         for _ in range(spec.warmup):
             collective.run(spec.chunks)
         self._synchronize(torch, dist, device)
@@ -210,6 +211,7 @@ class Rank:
         if spec.check:
             self.enter("check", size=size)
             check_ok = self._check(torch, dist, device, collective)
+        sim_rank.kernels(False)
         if self.rank in self.spec.reporters:
             self.channel.send(
                 "size",

@@ -40,7 +40,7 @@ from netmon.probe.starting import base_env
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
-from netmon.serve.readiness import DeviceLocks, Readiness
+from netmon.serve.readiness import Decision, DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
 from netmon.serve.sweep_inbox import open_inbox, secret_path
@@ -173,6 +173,20 @@ def _check_specs(config: NetmonConfig, topology: Topology | None) -> None:
             raise UsageError(f"{exc} (probe {probe.name})") from None
 
 
+def _node_fault() -> Decision | None:
+    """Why no rank may start on this node (an old driver, a PID namespace of its own): said once
+    here, and every run is then skipped with that reason instead of failing or being preempted."""
+    from netmon.gpu.compat import node_fault
+
+    fault = node_fault()
+    if fault is None:
+        return None
+    log.error(
+        "%s; no probe will run on this node until that is fixed and netmon restarted", fault.message
+    )
+    return Decision(False, fault.reason, fault.message)
+
+
 class _FailingSource:
     def __init__(self, message: str) -> None:
         self.message = message
@@ -209,6 +223,8 @@ class Daemon:
             self.stopping,
             self.topology,
         )
+        if config.backend == "nccl":
+            self.readiness.fault = _node_fault()
         self.runner = ProbeRunner(self.current, self.results, self.readiness)
         self.runner.topology = self.topology
         self.zygote = _zygote(config, self.results, self.stopping)

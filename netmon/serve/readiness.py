@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from netmon.gpu import idle
+from netmon.gpu.compat import FAULT_REASONS
 from netmon.probe.launcher import AbortCheck
 from netmon.probe.processes import descends_from
 from netmon.probe.spec import ProbeSpec
@@ -27,6 +28,10 @@ FOREIGN_CHECK_S = 0.5
 # nvmlDeviceGetUtilizationRates): a GPU one of our probes left this long ago may still read
 # busy with no process on it, and that load is ours. A margin over the longest period.
 OWN_LOAD_S = 1.5
+# How long a claim or a survey waits for ranks of our own last probe that are still on its GPUs
+# (exiting after their result was in) before it skips them as `own_probe`.
+OWN_EXIT_S = 5.0
+OWN_EXIT_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,8 @@ class Readiness:
         self._preempted_lock = threading.Lock()
         # When our last probe on each GPU (its lock key) let go of it: its utilization lingers.
         self._released: dict[str, float] = {}
+        # Why no rank may start on this node at all (netmon.gpu.compat), found at start.
+        self.fault: Decision | None = None
 
     def pause(self) -> Pause:
         config = self.current.get()
@@ -166,7 +173,7 @@ class Readiness:
         pause = self.pause()
         if pause.node is not None:
             return Decision(False, "paused", pause.node)
-        return None
+        return self.fault
 
     @contextmanager
     def claim(
@@ -193,7 +200,8 @@ class Readiness:
                 return
             found = self._idle_check(devices, samples)
             if not found.idle:
-                yield Decision(False, found.reason or "gpu_unknown", found.detail)
+                why = first_reason(found.busy.values()) or found.reason or "gpu_unknown"
+                yield Decision(False, why, found.detail)
                 return
             self._forgive(devices)
             try:
@@ -214,20 +222,52 @@ class Readiness:
                 return
 
     def _idle_check(self, devices: Sequence[str], samples: int | None) -> idle.IdleDecision:
+        """The idle check of `devices`, netmon's own processes apart: ranks of our last probe
+        still on a GPU (exiting) are waited for up to OWN_EXIT_S and are never a job; the
+        utilization they leave is ours (`_own_load`). Still there after that: `own_probe`."""
+        if not devices:
+            return idle.IdleDecision(idle=True, reason=None, detail="no GPUs used", busy={})
         policy = self.current.get().idle
         if samples is not None:
             policy = policy.model_copy(update={"samples": samples})
-        own_load = self._own_load(devices)
-        return idle.check(self.idle_source, devices, {os.getpid()}, policy, own_load=own_load)
+        deadline = time.monotonic() + OWN_EXIT_S
+        while True:
+            try:
+                readings = idle.sample(self.idle_source, policy)
+            except idle.IdleSourceError as exc:
+                return idle.source_failed(devices, exc)
+            flat = [r for taken in readings for r in taken]
+            own = own_of(flat)
+            lingering = self._own_on(flat, devices, own)
+            # A PID NVML listed that has no /proc entry a moment later exited in between (a rank
+            # of ours, most often): read again rather than call it a job. One that stays listed
+            # is a job, or a PID namespace that compat.node_fault should have refused.
+            vanished = _listing(flat, devices, exited(flat, own))
+            if not (lingering or vanished) or time.monotonic() >= deadline:
+                break
+            if self.stopping.wait(OWN_EXIT_POLL_S):
+                break
+        found = idle.decide(readings, devices, own, policy, self._own_load(devices))
+        return _with_own_probes(found, lingering)
 
-    def _note_released(self, devices: Sequence[str]) -> None:
+    def _own_on(
+        self, reading: Sequence[idle.GpuReading], devices: Sequence[str], own: set[int]
+    ) -> frozenset[str]:
+        """Which of `devices` list a process of ours (besides the daemon) in `reading`; noted,
+        as their utilization is ours for a while after."""
+        seen = _listing(reading, devices, own - {os.getpid()})
+        self._note_released(seen)
+        return seen
+
+    def _note_released(self, devices: Iterable[str]) -> None:
         now = time.monotonic()
         with self._preempted_lock:
             for device in devices:
                 self._released[self._names(device)[0]] = now
 
     def _own_load(self, devices: Sequence[str]) -> frozenset[str]:
-        """The devices one of our probes left within NVML's utilization window."""
+        """The devices one of our probes left, or where its ranks were last seen, within NVML's
+        utilization window."""
         now = time.monotonic()
         with self._preempted_lock:
             released = dict(self._released)
@@ -246,7 +286,8 @@ class Readiness:
         busy = {d: "paused" for d in self._paused_gpus(self.pause(), devices)}
         held = self.locks.held()
         busy.update({d: "devices_busy" for d in devices if self._names(d)[0] in held})
-        found = self._idle_check(devices, None)
+        # GPUs another probe of ours holds are out already: their ranks are not waited for.
+        found = self._idle_check([d for d in devices if d not in busy], None)
         for device in devices:
             if device in found.busy:
                 busy.setdefault(device, found.busy[device])
@@ -303,6 +344,7 @@ class Readiness:
             reading = self.idle_source.read()
         except Exception:
             return {}
+        self._own_on(reading, devices, own_of(reading))
         taken = {
             device: f"process {', '.join(map(str, pids))}"
             for device, pids in idle.foreign_processes(reading, devices, own_of(reading)).items()
@@ -314,13 +356,45 @@ class Readiness:
 
 # Skip reasons by precedence when several GPUs are out for different ones: the operator's pause
 # and our own probes first, then NVML's order (what will not clear by itself first).
-_PRECEDENCE = ("paused", "devices_busy", *idle.REASONS)
+_PRECEDENCE = ("paused", *FAULT_REASONS, "devices_busy", "own_probe", *idle.REASONS)
+
+
+def _with_own_probes(found: idle.IdleDecision, lingering: frozenset[str]) -> idle.IdleDecision:
+    """`found`, with the GPUs where ranks of ours stayed past OWN_EXIT_S out as `own_probe`
+    (unless out for a job's reason as well: a job's process came with them)."""
+    if not lingering:
+        return found
+    busy = {**{d: "own_probe" for d in lingering}, **found.busy}
+    lines = [found.detail] if not found.idle else []
+    lines.append(f"ranks of netmon's last probe still on GPU(s) {', '.join(sorted(lingering))}")
+    # `reason` stays NVML's (None for our own ranks alone): claims report first_reason(busy).
+    return idle.IdleDecision(idle=False, reason=found.reason, detail=" | ".join(lines), busy=busy)
 
 
 def first_reason(reasons: Iterable[str]) -> str:
     """The reason to report for several GPUs out at once; "" for none."""
     found = set(reasons)
     return min(found, key=lambda r: _PRECEDENCE.index(r) if r in _PRECEDENCE else 99, default="")
+
+
+def _listing(
+    reading: Sequence[idle.GpuReading], devices: Sequence[str], pids: Collection[int]
+) -> frozenset[str]:
+    """Which of `devices` list one of `pids` in `reading` (several samples flattened)."""
+    if not pids:
+        return frozenset()
+    return frozenset(
+        device
+        for device in devices
+        for r in reading
+        if idle.reads_as(r, device) and any(pid in pids for pid in r.compute_pids)
+    )
+
+
+def exited(reading: Sequence[idle.GpuReading], own: Collection[int]) -> set[int]:
+    """The listed PIDs, not ours, that have no /proc entry now."""
+    listed = {pid for r in reading for pid in r.compute_pids}
+    return {pid for pid in listed - set(own) if not os.path.exists(f"/proc/{pid}")}
 
 
 def own_of(reading: Sequence[idle.GpuReading]) -> set[int]:

@@ -31,6 +31,9 @@ OPENED = "opened.jsonl"  # the run directory's journal of every rank that opened
 # NVML averages utilization over a sample period of up to 1 s (nvml.h): a GPU reads busy for
 # that long after its last process left.
 UTILIZATION_WINDOW_S = 1.0
+# Where a container's PID 1 sits among the host's PIDs, as far as a simulated node is concerned:
+# beyond any PID of this machine (pid_max is at most 2^22), so a shifted PID is nobody here.
+HOST_PID_SHIFT = 1 << 22
 
 
 class SimulationError(ValueError):
@@ -95,6 +98,13 @@ class NodeFile(_Frozen):
     pods: tuple[SimPod, ...] = ()
     nvswitch: bool = False  # the GPUs are registered in an NVSwitch fabric (DGX/HGX)
     nccl: str | None = "2.27.5"  # the NCCL version a rank would report
+    # What the driver and the installed torch would say (netmon.gpu.compat): the newest CUDA the
+    # driver runs (NVML's nvmlSystemGetCudaDriverVersion_v2), the CUDA torch was built for, and
+    # whether netmon sees the host's PIDs (`container`: a PID namespace of its own, where NVML
+    # still lists host PIDs, so a rank's PID in NVML is not the one netmon knows).
+    driver_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
+    torch_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
+    pid_namespace: Literal["host", "container"] = "host"
 
     @model_validator(mode="after")
     def _known_gpus(self) -> NodeFile:
@@ -171,7 +181,7 @@ class SimulatedNode:
         self.node, self._topology = load_node_file(self.path)
         self._stamp = self._stat()
         self.last_error: str | None = None
-        self._busy_at: dict[str, float] = {}  # GPU -> when a process was last seen on it
+        self._busy_at: dict[str, float] = {}  # GPU -> when kernels last ran on it
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -225,6 +235,21 @@ class SimulatedNode:
             return []
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
+    def kernels(self, pid: int, running: bool) -> None:
+        """Rank `pid` started (`running`) or ended its collectives, now (CLOCK_MONOTONIC, one clock
+        for every process of the machine). Written whole (rename), as `register` is."""
+        partial = self.run_dir / f".{pid}.kernels.tmp"
+        partial.write_text(json.dumps({"running": running, "at": time.monotonic()}))
+        os.replace(partial, self.run_dir / f"{pid}.kernels")
+
+    def _kernels_of(self, pid: int) -> tuple[bool, float] | None:
+        """(running, since when) of rank `pid`'s collectives; None before its first."""
+        try:
+            record = json.loads((self.run_dir / f"{pid}.kernels").read_text())
+        except (OSError, ValueError):
+            return None
+        return bool(record["running"]), float(record["at"])
+
     def ranks(self) -> list[RankRecord]:
         """The registered ranks still running; the records of those gone are removed. A PID
         reused by another process (another start time) is not a rank."""
@@ -240,31 +265,52 @@ class SimulatedNode:
                 continue
             pid = int(record["pid"])
             if not running_as(pid, record.get("start")):
-                # It ran until a moment ago: its load stays in NVML's utilization a while.
-                with self._lock:
-                    self._busy_at[str(record["uuid"])] = time.monotonic()
+                self._gone(pid, str(record["uuid"]))
                 entry.unlink(missing_ok=True)
                 continue
             found.append(RankRecord(pid, str(record["uuid"])))
         return sorted(found, key=lambda r: r.pid)
 
+    def _gone(self, pid: int, uuid: str) -> None:
+        """Rank `pid` has exited: the GPU was last busy when its collectives ended, or, killed
+        while they ran, about now (one that ran none left no load)."""
+        kernels = self._kernels_of(pid)
+        (self.run_dir / f"{pid}.kernels").unlink(missing_ok=True)
+        if kernels is None:
+            return
+        ended = time.monotonic() if kernels[0] else kernels[1]
+        with self._lock:
+            self._busy_at[uuid] = max(self._busy_at.get(uuid, ended), ended)
+
     def processes(self, uuid: str) -> list[tuple[int, int]]:
         """(pid, bytes used) on the GPU: the file's jobs, then netmon's ranks."""
         node = self.current()
         jobs = [(p.pid, p.used_memory) for p in node.processes if p.gpu == uuid]
-        ranks = [(r.pid, RANK_MEMORY) for r in self.ranks() if r.uuid == uuid]
-        if jobs or ranks:
-            with self._lock:
-                self._busy_at[uuid] = time.monotonic()
+        # NVML lists host PIDs: in a PID namespace of its own netmon knows its ranks by others.
+        shift = HOST_PID_SHIFT if node.pid_namespace == "container" else 0
+        ranks = [(r.pid + shift, RANK_MEMORY) for r in self.ranks() if r.uuid == uuid]
         return jobs + ranks
 
     def utilization(self, uuid: str) -> int:
-        """Percent, as NVML averages it: busy while a process runs and for up to a second after
-        the last one left (UTILIZATION_WINDOW_S)."""
-        if self.processes(uuid):
+        """Percent, as NVML averages it over its sample period: busy while kernels run (a job's
+        always, a rank's during its collectives) and for up to a second after they stopped
+        (UTILIZATION_WINDOW_S). A rank that holds its context and runs nothing is idle."""
+        node = self.current()
+        now = time.monotonic()
+        if any(p.gpu == uuid for p in node.processes):
+            with self._lock:
+                self._busy_at[uuid] = now
             return 90
+        for rank in self.ranks():
+            kernels = self._kernels_of(rank.pid) if rank.uuid == uuid else None
+            if kernels is None:
+                continue
+            running, at = kernels
+            ended = now if running else at
+            with self._lock:
+                self._busy_at[uuid] = max(self._busy_at.get(uuid, ended), ended)
         with self._lock:
-            since = time.monotonic() - self._busy_at.get(uuid, -UTILIZATION_WINDOW_S)
+            since = now - self._busy_at.get(uuid, -UTILIZATION_WINDOW_S)
         return 90 if since < UTILIZATION_WINDOW_S else 0
 
     # ---- CUDA's view ----

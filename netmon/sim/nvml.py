@@ -71,6 +71,13 @@ class SimulatedNvml:
     def _nvmlShutdown(self) -> None:
         pass
 
+    def _nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        version = self.node.current().driver_cuda
+        if version is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        major, minor = version.split(".")
+        return 1000 * int(major) + 10 * int(minor)
+
     def _nvmlDeviceGetCount(self) -> int:
         return len(self.node.current().gpus)
 

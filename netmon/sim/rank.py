@@ -1,6 +1,7 @@
 """What a rank does on a simulated node at the point where it would create its CUDA context: find
 the GPU CUDA would open from its environment, and register on it, so that NVML lists the rank
-among that GPU's processes until it exits. The collectives then run on gloo over loopback."""
+among that GPU's processes until it exits. The collectives then run on gloo over loopback; while
+they do (`kernels`), NVML reads the GPU busy, as a GPU's utilization counts its kernels."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def nccl_version() -> str | None:
 def carried(size: int) -> int:
     """The bytes a simulated rank moves for an op of `size`."""
     return min(size, MAX_BYTES)
+
+
+def kernels(running: bool) -> None:
+    """This rank's collectives start (`running`) or have ended: NVML's utilization follows them,
+    not the process, which keeps its context until it exits. Nothing off a simulated node."""
+    node = active()
+    if node is not None:
+        node.kernels(os.getpid(), running)
