@@ -476,6 +476,19 @@ def test_comparison_within_three_percent_passes() -> None:
     ]
 
 
+def test_a_size_all_reduce_perf_prints_as_zero_is_left_out_not_a_crash() -> None:
+    # all_reduce_perf's two decimals print 0.00 GB/s at 8 B (tests/fixtures/
+    # nccl_info_2node_p5_16xH100_efa_nvls.txt, its first rows); every later size is still judged.
+    ratios = [
+        versus.SizeRatio(size_bytes=8, netmon=1.2e5, nccl_tests=0.0),
+        versus.SizeRatio(size_bytes=1 << 30, netmon=115.0e9, nccl_tests=115.56e9),
+    ]
+    row = versus.comparison_row(ratios)
+    assert row.status == "PASS", row.detail
+    assert row.detail.startswith("8 not compared: all_reduce_perf printed busbw 0.00 GB/s; 1G ")
+    assert row.measured == "ratio 0.995 at 1G"
+
+
 def test_wrong_values_in_all_reduce_perf_fail_the_comparison() -> None:
     text = (FIXTURES / "nccl_tests_2x_h100pcie_nvlink_nccl194_TRUNCATED.txt").read_text()
     broken = text.replace("115.56      0", "115.56      5")

@@ -93,6 +93,10 @@ def comparison_row(
         if r.nccl_tests is None:
             faults.append(f"all_reduce_perf printed no row of {size}")
             continue
+        if r.ratio is None:
+            # all_reduce_perf prints GB/s with two decimals: a small size reads 0.00.
+            parts.append(f"{size} not compared: all_reduce_perf printed busbw 0.00 GB/s")
+            continue
         parts.append(f"{size} {gbps(r.netmon)}/{gbps(r.nccl_tests)} = {r.ratio:.3f}")
         if r.wrong:
             faults.append(f"all_reduce_perf found {r.wrong} wrong values at {size}")
