@@ -289,3 +289,28 @@ def test_a_simulated_daemon_keeps_its_baselines_apart_from_a_real_ones(
     assert config.state_dir == node.run_dir / "state"
     chosen = argparse.Namespace(config=None, state_dir=tmp_path / "mine")
     assert load_daemon_config(chosen)[0].state_dir == tmp_path / "mine"
+
+
+def test_no_busbw_is_computed_from_bytes_a_simulated_rank_did_not_move() -> None:
+    """A simulated rank carries at most MAX_BYTES per op: a larger size keeps its label and says
+    what was carried, and its algbw and busbw are of those bytes (issue 34: busbw used to grow
+    with the size asked, 7.8 GB/s at 256M on CPU ranks)."""
+    from netmon.bandwidth import busbw
+    from netmon.sim.rank import MAX_BYTES
+
+    flags = ("--ranks", "2", "--sizes", "1M,64M", "--iters", "5", "--json")
+    node = str(NODES / "dgx-h100.json")
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "probe", "--simulate", node, *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    by_size = {r["size_bytes"]: r for r in json.loads(done.stdout)["results"]}
+    assert set(by_size) == {1 << 20, 64 << 20}
+    assert by_size[1 << 20]["carried_bytes"] is None  # all of it
+    big = by_size[64 << 20]
+    assert big["carried_bytes"] == MAX_BYTES
+    moved = busbw("all_reduce", 2, MAX_BYTES, big["time_s"])
+    assert big["busbw_bytes_per_second"] == pytest.approx(moved)

@@ -189,6 +189,10 @@ class SizeResult(_Frozen):
     irq_cpu_share: float | None = None
     softirq_cpu_share: float | None = None
     steal_cpu_share: float | None = None
+    # The bytes per op the ranks really moved, where fewer than size_bytes (a simulated rank
+    # carries at most netmon.sim.rank.MAX_BYTES): algbw and busbw are of these, so no figure
+    # is computed from bytes nobody moved. None: all of size_bytes.
+    carried_bytes: int | None = None
 
     @classmethod
     def of_samples(
@@ -200,11 +204,17 @@ class SizeResult(_Frozen):
         per_rank: Sequence[Sequence[float]],
         check_ok: bool | None,
         cpu: Sequence[Sequence[float]] = (),
+        carried_bytes: int | None = None,
     ) -> SizeResult:
         """One size's result from its samples (per op, already combined over the ranks by the
-        spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them."""
+        spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them,
+        of the bytes moved (`carried_bytes` where fewer than `size_bytes`)."""
         stats = spread(samples)
         modes = mode_shares(cpu)
+        carried = (
+            carried_bytes if carried_bytes is not None and carried_bytes < size_bytes else None
+        )
+        moved = size_bytes if carried is None else carried
         return cls(
             op=spec.op,
             size_bytes=size_bytes,
@@ -218,8 +228,8 @@ class SizeResult(_Frozen):
             max_s=stats.max,
             cv=stats.cv,
             samples=stats.samples,
-            algbw_bytes_per_second=algbw(size_bytes, stats.median),
-            busbw_bytes_per_second=busbw(spec.op, spec.ranks, size_bytes, stats.median),
+            algbw_bytes_per_second=algbw(moved, stats.median),
+            busbw_bytes_per_second=busbw(spec.op, spec.ranks, moved, stats.median),
             bus_factor=bus_factor(spec.op, spec.ranks),
             check_ok=check_ok,
             path=spec.path,
@@ -228,6 +238,7 @@ class SizeResult(_Frozen):
             irq_cpu_share=modes.get("irq"),
             softirq_cpu_share=modes.get("softirq"),
             steal_cpu_share=modes.get("steal"),
+            carried_bytes=carried,
         )
 
     @property

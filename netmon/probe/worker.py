@@ -217,6 +217,7 @@ class Rank:
                 "size",
                 requested=size,
                 size_bytes=buffers.size_bytes * spec.chunks,
+                carried_bytes=carried.size_bytes * spec.chunks,
                 count=buffers.count * spec.chunks,
                 samples=samples,
                 cpu=cpu,
