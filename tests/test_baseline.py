@@ -674,7 +674,10 @@ class Model:
         # Not learned while the recent level is under halfway from the drift line to the
         # clearing line.
         steady = level is None or level >= (line + clear) / 2
-        if healthy and not self.degraded and steady:
+        # Nor, over as far above the expected level as the healthy line is under it, unless the
+        # recent level is over the expected level too.
+        band = value <= 2 * expected - policy.ratio * expected or level is None or level >= expected
+        if healthy and not self.degraded and steady and band:
             self.learn(value)
         return expected, ratio
 

@@ -33,6 +33,10 @@ from tests.tools import RULES, promtool, run
 STREAMS = Path(__file__).resolve().parent / "fixtures" / "healthy_streams.json"
 # Issue 23: a second recording, with the rule of that issue and its foreign-CPU definition.
 STREAMS_2 = STREAMS.with_name("healthy_streams_2.json")
+# Issue 33: a third, on which the daemon itself paged (the baseline learned only the results
+# over its healthy line, and a long upper tail raised it): replayed, it must not.
+STREAMS_3 = STREAMS.with_name("healthy_streams_3.json")
+RECORDINGS = {"1": STREAMS, "2": STREAMS_2, "3": STREAMS_3}
 STEP_S = 10  # the scrape interval the promtool test uses
 LARGEST = "large/all_reduce/16777216/default/2"
 
@@ -84,9 +88,16 @@ def test_the_fixture_is_a_long_healthy_run_with_the_load_on_and_off() -> None:
             assert len(disturbed) >= len(under_load) * 0.8, series
 
 
-@pytest.mark.parametrize("series", sorted(json.loads(STREAMS.read_text())["streams"]))
-def test_a_healthy_stream_replayed_gives_no_verdict(series: str) -> None:
-    replayed = list(replay(streams()[series], key_of(series)))
+@pytest.mark.parametrize(
+    ("recording", "series"),
+    [
+        pytest.param(path, series, id=f"{name}-{series}")
+        for name, path in RECORDINGS.items()
+        for series in sorted(json.loads(path.read_text())["streams"])
+    ],
+)
+def test_a_healthy_stream_replayed_gives_no_verdict(recording: Path, series: str) -> None:
+    replayed = list(replay(streams(recording)[series], key_of(series)))
     assert not any(v.degraded for _, v in replayed), [
         v.explain() for _, v in replayed if v.degraded
     ]
@@ -167,6 +178,9 @@ def held_cut_trial(
 
 @pytest.mark.parametrize("to", [0.75, 0.6])
 @pytest.mark.parametrize("series", JUDGED)
+# Not the third: its 16 MiB series ran 15 % under its last hour for most of the recording, so
+# a cut that ends there comes back to 0.85x of the baseline it left and clears only by
+# acceptance, hours later (the machine's drift, not the rule's; docs/BENCHMARKS.md).
 @pytest.mark.parametrize(("recording", "every"), [(STREAMS, 2), (STREAMS_2, 4)], ids=["1", "2"])
 def test_a_cut_held_for_a_thousand_results_is_flagged_and_stays_flagged(
     recording: Path, every: int, series: str, to: float

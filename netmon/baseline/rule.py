@@ -130,7 +130,7 @@ def judge(
     # learning in its own low stretches and bias the baseline up.
     level = track.recent_level(policy)
     steady = level is None or level >= (lines.level + lines.clear) / 2
-    if healthy and not track.degraded and steady:
+    if healthy and not track.degraded and steady and _within_band(busbw, level, lines):
         track.learn(busbw, cv, at, policy)
     if not track.degraded:
         track.raise_accepted(policy)
@@ -228,3 +228,14 @@ def _decline(
     # loss right at the tolerance (a 20 % cut at ratio 0.8) is on the line, never accepted.
     noise = 3 * robust.MEDIAN_SE * track.spread() / math.sqrt(len(track.long))
     return level >= lines.tolerance + noise
+
+
+def _within_band(busbw: float, level: float | None, lines: Lines) -> bool:
+    """Whether a healthy result is learned: as far over the expected level as the healthy line
+    is under it, or higher while the recent level is over the expected level too (the series
+    runs higher: a repair, a faster path). Results under the healthy line are never learned, so
+    learning every result over it would raise the baseline on a wide spread with a long upper
+    tail (a busy 2-core host at 1 MiB: quiet results of 0.32-1.5 GB/s around 0.45, the baseline
+    climbed to 0.57 and the low line over a third of healthy results: bench/noise_bench.py)."""
+    ceiling = 2 * lines.expected - lines.healthy
+    return busbw <= ceiling or level is None or level >= lines.expected
