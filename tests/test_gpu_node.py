@@ -664,3 +664,43 @@ def test_a_shared_node_never_takes_its_own_probes_for_jobs(
     assert runs["idle_set"] >= 8 and runs["pairs"] >= 6, runs
     assert {(p.gpu, p.peer_gpu) for p in snapshot.links} == {(0, 1), (0, 2), (1, 2)}
     assert node.opened()  # the ranks were there for NVML to list
+
+
+def pcie_only_node(directory: Path) -> SimNode:
+    """The shipped 2 x RTX 5090 node: PCIe only, and no P2P between the boards (GeForce)."""
+    import json
+
+    shipped = FIXTURES / "nodes" / "pcie-2x-rtx5090.json"
+    document = json.loads(shipped.read_text())
+    document["topology"] = str((shipped.parent / document["topology"]).resolve())
+    document.setdefault("processes", [])
+    directory.mkdir(parents=True, exist_ok=True)
+    return SimNode(directory / "g5090.json", document)
+
+
+@pytest.mark.parametrize(("make", "p2p_off"), [(pcie_only_node, True), (nvlink_pair_node, False)])
+def test_a_set_nvml_says_cannot_do_p2p_runs_with_p2p_disabled_and_says_so(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    zygotes: list[Zygote],
+    make: Any,
+    p2p_off: bool,
+) -> None:
+    """Issue 34: each rank sees one GPU, so NCCL takes its peer's P2P status from NVML and a set
+    without P2P would fail every run; netmon reads the same status and runs such a set through
+    host memory, its intent following. A set with P2P is left to NCCL."""
+    from netmon.gpu.nvml import read_topology
+
+    node = make(tmp_path).activate(monkeypatch)
+    topology = read_topology()
+    assert topology.p2p is not None
+    assert bool(topology.p2p.without([0, 1])) == p2p_off
+    config = config_for(tmp_path, ["0", "1"], [{"name": "small", **QUICK}])
+    on = runner_on(node, config, monkeypatch, zygotes)
+    on.runner.topology = topology
+    on.runner.run("small")
+    stats = on.results.snapshot().probes["small"]
+    assert stats.runs == 1 and stats.failures == {}
+    opened = on.opened()
+    assert len(opened) == 2
+    assert {o["env"].get("NCCL_P2P_DISABLE") for o in opened} == ({"1"} if p2p_off else {None})

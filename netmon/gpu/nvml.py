@@ -9,6 +9,7 @@ initialises CUDA.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import threading
@@ -22,7 +23,7 @@ from netmon.gpu import linkhealth
 from netmon.gpu.fabric import FabricReading, fabric_from_raw
 from netmon.gpu.idle import ComputeMode, GpuReading, IdleSourceError
 from netmon.gpu.models import GpuName
-from netmon.topology.model import Pair, Topology
+from netmon.topology.model import P2PMatrix, Pair, Topology
 from netmon.topology.readings import (
     GpuTopologyReading,
     NvLinkReading,
@@ -295,8 +296,42 @@ def read_topology(nvml: Any = None) -> Topology:
     if nvml is None:
         simulated = _simulated()
         if simulated is not None:
-            # The node file's `nvidia-smi topo -m`, with the UUIDs and bus ids NVML gives.
-            return simulated.node.topology()  # type: ignore[no-any-return]
+            # The node file's `nvidia-smi topo -m`, with the UUIDs and bus ids NVML gives, and
+            # P2P as the simulated NVML answers it.
+            topology: Topology = simulated.node.topology()
+            return dataclasses.replace(topology, p2p=read_p2p(simulated))
+    return dataclasses.replace(_read_topology(nvml), p2p=read_p2p(nvml))
+
+
+# nvmlGpuP2PStatus_t (nvml.h), as `nvidia-smi topo -p2p` prints each (netmon.topology.model).
+_P2P_CODES = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
+
+
+def read_p2p(nvml: Any = None) -> P2PMatrix | None:
+    """Whether CUDA peer-to-peer reads work between each two GPUs, as NVML says: what NCCL asks
+    NVML for a peer its rank cannot see (each rank sees one GPU; NCCL's p2p.cc and paths.cc),
+    so a set without it runs with P2P disabled (netmon.probe.build). None where NVML cannot
+    say; a pair it cannot answer is left out ("U" is never guessed)."""
+    try:
+        with _session(nvml) as nv:
+            ask = _asker(nv)
+            handles = list(_handles(nv, "left out of the P2P matrix"))
+            status: dict[Pair, str] = {}
+            for a, handle_a in handles:
+                for b, handle_b in handles:
+                    if a == b:
+                        continue
+                    found = ask(
+                        nv.nvmlDeviceGetP2PStatus, handle_a, handle_b, nv.NVML_P2P_CAPS_INDEX_READ
+                    )
+                    if found is not None:
+                        status[(a, b)] = _P2P_CODES.get(int(found), "U")
+    except NvmlUnavailable:
+        return None
+    return P2PMatrix(gpus=tuple(i for i, _ in handles), status=status)
+
+
+def _read_topology(nvml: Any) -> Topology:
     # CPU ids can exceed the online count (offline or isolated CPUs): one spare word.
     cpu_words = ((os.cpu_count() or 1) + 63) // 64 + 1
     with _session(nvml) as nv:

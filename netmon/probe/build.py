@@ -60,7 +60,13 @@ def build_spec(
         len(devices) if backend == "nccl" else (probe.ranks or node.ranks or 2)
     )
     local = placement.local_ranks if placement.local_ranks is not None else tuple(range(ranks))
-    env = {**variant_env(path, probe.op), **placement.env, **node.env, **probe.env}
+    env = {
+        **variant_env(path, probe.op),
+        **(without_p2p(topology, devices) if backend == "nccl" else {}),
+        **placement.env,
+        **node.env,
+        **probe.env,
+    }
     spec = ProbeSpec(
         op=probe.op,
         sizes=probe.sizes,
@@ -82,9 +88,30 @@ def build_spec(
         host=placement.host or _host(node.rendezvous_host, devices),
         reporters=placement.reporters,
         path=placement.label or path,
-        intent=placement.intent or intent(path, all_nvlink_between(topology, devices)),
+        # With P2P off (the pcie path, a set NVML says cannot do it, or the operator's env) the
+        # traffic goes through host memory whatever the path is called: the log must show that.
+        intent=placement.intent
+        or ("pcie" if env.get("NCCL_P2P_DISABLE") == "1" else None)
+        or intent(path, all_nvlink_between(topology, devices)),
     )
     return spec.model_copy(update={"deadlines": spec.deadlines.capped(probe.timeout)})
+
+
+def without_p2p(topology: Topology | None, devices: Sequence[str]) -> dict[str, str]:
+    """NCCL_P2P_DISABLE=1 where NVML says two of `devices` cannot do P2P (GeForce boards, many
+    VMs): each rank sees one GPU, so NCCL takes a hidden peer's P2P status from NVML, and a
+    GPU that cannot open its peer fails the communicator instead of falling back (NCCL's
+    p2p.cc). Through host memory instead, as the pcie path goes; set by the configuration's
+    env, the operator's word wins."""
+    matrix = topology.p2p if topology is not None else None
+    if matrix is None:
+        return {}
+    indices = [gpu_index(topology, d) for d in devices]
+    if any(i is None for i in indices):
+        return {}
+    return (
+        {"NCCL_P2P_DISABLE": "1"} if matrix.without([i for i in indices if i is not None]) else {}
+    )
 
 
 def _devices(

@@ -73,6 +73,9 @@ class SimGpu(_Frozen):
     # the same on every active link.
     nvlink_kib: int = Field(0, ge=0)  # NVLink data sent (and received) so far, KiB
     nvlink_errors: dict[Literal["replay", "recovery", "crc_flit", "crc_data"], int] = {}
+    # Whether the board does CUDA peer-to-peer (NVML's P2P status with any other GPU): GeForce
+    # boards and many VMs do not ("GPU not supported").
+    p2p: bool = True
 
 
 class SimProcess(_Frozen):

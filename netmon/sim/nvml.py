@@ -123,6 +123,12 @@ class SimulatedNvml:
     def _nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
         return _COMPUTE_MODES[self._gpu(handle).compute_mode]
 
+    def _nvmlDeviceGetP2PStatus(self, device1: _Handle, device2: _Handle, p2pIndex: int) -> int:
+        first, second = self._gpu(device1), self._gpu(device2)
+        if first.p2p and second.p2p:
+            return int(pynvml.NVML_P2P_STATUS_OK)
+        return int(pynvml.NVML_P2P_STATUS_GPU_NOT_SUPPORTED)
+
     # ---- PCIe ----
 
     def _nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -131,6 +131,8 @@ class Topology:
     nics: tuple[Nic, ...] = ()
     path: Mapping[Pair, PathClass] = field(default_factory=dict)
     nic_path: Mapping[tuple[int, str], PathClass] = field(default_factory=dict)
+    # Whether CUDA peer access works between each two GPUs (NVML's P2P status), where known.
+    p2p: P2PMatrix | None = None
 
     def __post_init__(self) -> None:
         # Read-only copies: a frozen value must not change under a caller that kept the dicts.
@@ -223,3 +225,13 @@ class P2PMatrix:
 
     def supported(self, a: int, b: int) -> bool:
         return self.status.get((a, b)) == "OK" and self.status.get((b, a)) == "OK"
+
+    def without(self, gpus: Sequence[int]) -> list[Pair]:
+        """The pairs of `gpus` known not to support P2P (either way); a pair NVML did not answer
+        is not listed."""
+        return [
+            (a, b)
+            for n, a in enumerate(gpus)
+            for b in gpus[n + 1 :]
+            if (a, b) in self.status and (b, a) in self.status and not self.supported(a, b)
+        ]
