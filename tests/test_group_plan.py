@@ -364,3 +364,32 @@ def test_a_round_on_sockets_from_an_rdma_node_fails_unless_the_group_allows_it(
     assert (checked.failure is not None) is flagged
     if flagged:
         assert checked.failure is not None and checked.failure.reason == "transport_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("transport", "domain", "channel", "env"),
+    [
+        ("net", True, True, {"NCCL_MNNVL_ENABLE": "0"}),  # the network is what is measured
+        ("net_ib", None, False, {"NCCL_MNNVL_ENABLE": "0"}),
+        ("any", True, False, {"NCCL_MNNVL_ENABLE": "0"}),  # NCCL would fail init (mnnvl.cc)
+        ("any", True, True, {}),  # an NVL72 rack with its IMEX channel: NCCL's choice
+        ("any", False, False, {}),
+        ("any", None, False, {}),
+    ],
+)
+def test_a_cross_node_round_asks_for_mnnvl_only_where_it_can_start(
+    transport: str, domain: bool | None, channel: bool, env: dict[str, str]
+) -> None:
+    from netmon.group.members import mnnvl_env
+
+    found, why = mnnvl_env(transport, domain, channel)  # type: ignore[arg-type]
+    assert found == env and why
+
+
+def test_an_imex_channel_is_a_channel_device_in_its_directory(tmp_path: Path) -> None:
+    from netmon.group.members import imex_channel_present
+
+    assert not imex_channel_present(tmp_path / "absent")
+    assert not imex_channel_present(tmp_path)
+    (tmp_path / "channel0").write_text("")
+    assert imex_channel_present(tmp_path)

@@ -161,6 +161,38 @@ def node_transport(
     return round_transport(group, backend, sorted(found), domain)
 
 
+# Where the NVIDIA driver puts IMEX channels (NVIDIA's IMEX guide, "IMEX channels"): a process
+# exports or imports memory across the nodes of an NVLink domain only through one of them.
+IMEX_CHANNELS = Path("/dev/nvidia-caps-imex-channels")
+
+
+def mnnvl_env(
+    transport: Transport, nvlink_domain: bool | None, imex_channel: bool
+) -> tuple[dict[str, str], str]:
+    """The NCCL setting of a cross-node round for multi-node NVLink (MNNVL), and why (pure).
+
+    For ranks on two or more nodes whose GPUs share an NVLink domain, NCCL (2.20 and later, by
+    default) tries to join the nodes by NVLink and fails the communicator when the process has
+    no IMEX channel ("MNNVL ... is available but not working", src/mnnvl.cc). A round meant to
+    show the network (`transport` net, net_ib, net_socket) asks NCCL for the network; one that
+    may take any path keeps NCCL's choice where a channel is there and the network where not.
+    """
+    if transport in ("net", "net_ib", "net_socket"):
+        return {"NCCL_MNNVL_ENABLE": "0"}, f"transport {transport}: the network is measured"
+    if nvlink_domain and not imex_channel:
+        return {"NCCL_MNNVL_ENABLE": "0"}, (
+            f"a multi-node NVLink domain without an IMEX channel ({IMEX_CHANNELS} is empty): "
+            "NCCL would fail every round; the network is measured instead (docs/GROUPS.md)"
+        )
+    return {}, "NCCL's own choice"
+
+
+def imex_channel_present(root: Path = IMEX_CHANNELS) -> bool:
+    with contextlib.suppress(OSError):
+        return any(entry.name.startswith("channel") for entry in root.iterdir())
+    return False
+
+
 def member_host(member: str) -> str:
     return member.rpartition(":")[0].strip("[]")
 
