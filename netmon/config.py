@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -324,18 +324,23 @@ def default_probes(gpus: int) -> tuple[ProbeConfig, ...]:
     )
 
 
-def resolve(config: NetmonConfig, gpus: int) -> NetmonConfig:
-    """Fill in what depends on the machine: backend, ranks, devices, probes, state directory."""
+def resolve(config: NetmonConfig, gpus: int, mig: Sequence[int] = ()) -> NetmonConfig:
+    """Fill in what depends on the machine: backend, ranks, devices, probes, state directory.
+    `mig`: GPUs in MIG mode, left out of the devices netmon picks itself when others are not
+    (netmon measures whole GPUs: with one MIG GPU among them, no probe of all would ever run);
+    on a node of MIG GPUs only they stay, and every run says gpu_mig."""
     backend = config.backend or ("nccl" if gpus else "gloo")
     updates: dict[str, Any] = {"backend": backend}
+    whole = [i for i in range(gpus) if i not in set(mig)] or list(range(gpus))
     if backend == "nccl" and config.devices is None:
         if not gpus:  # no devices: every run would fail building its spec (ranks 0)
             raise ConfigError("backend: nccl needs GPUs and none were found; use gloo or devices")
-        updates["devices"] = tuple(str(i) for i in range(gpus))
+        updates["devices"] = tuple(str(i) for i in whole)
     if backend == "gloo" and config.ranks is None:
         updates["ranks"] = 2
     if config.probes is None:
-        updates["probes"] = default_probes(gpus if backend == "nccl" else 0)
+        count = len(whole) if config.devices is None else gpus
+        updates["probes"] = default_probes(count if backend == "nccl" else 0)
     if config.state_dir is None:
         root = os.geteuid() == 0
         updates["state_dir"] = (

@@ -322,3 +322,14 @@ def test_one_world_split_over_two_launchers_like_two_nodes() -> None:
     assert live_processes([*node_a.pids, *node_b.pids]) == []
     with pytest.raises(ValueError, match="port_source"):
         Launcher(spec, local_ranks=(2, 3))
+
+
+def test_the_process_group_timeout_lies_past_every_phase_a_collective_runs_in() -> None:
+    """Issue 34: the process group's timeout was the init deadline (60 s), under the measure
+    phase's (120 s): a hung collective was aborted by NCCL's watchdog (`rank_signal`) before
+    netmon's own deadline could name it (`timeout_measure`)."""
+    deadlines = PhaseDeadlines()
+    longest = max(deadlines.init, deadlines.warmup, deadlines.measure, deadlines.check)
+    assert deadlines.watchdog() >= longest + 10
+    capped = deadlines.capped(20.0)
+    assert 20.0 < capped.watchdog() <= 60.0

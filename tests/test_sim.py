@@ -314,3 +314,22 @@ def test_no_busbw_is_computed_from_bytes_a_simulated_rank_did_not_move() -> None
     assert big["carried_bytes"] == MAX_BYTES
     moved = busbw("all_reduce", 2, MAX_BYTES, big["time_s"])
     assert big["busbw_bytes_per_second"] == pytest.approx(moved)
+
+
+def test_the_embedded_default_leaves_out_gpus_in_mig_mode_unless_all_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: with one MIG GPU among eight, a default probe of all eight was skipped as
+    gpu_mig at every run, forever. The seven whole GPUs are probed; a node of MIG GPUs only
+    keeps them all, and says gpu_mig."""
+    import argparse
+
+    from netmon.cli.main import load_daemon_config
+
+    plain = argparse.Namespace(config=None, state_dir=None)
+    dgx_h100(tmp_path / "one", mig=[3]).activate(monkeypatch)
+    config, gpus = load_daemon_config(plain)
+    assert gpus == 8 and config.devices == ("0", "1", "2", "4", "5", "6", "7")
+    dgx_h100(tmp_path / "all", mig=list(range(8))).activate(monkeypatch)
+    config, _ = load_daemon_config(plain)
+    assert config.devices == tuple(str(i) for i in range(8))

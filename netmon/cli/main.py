@@ -128,7 +128,7 @@ def _add_daemon_parsers(commands: Any) -> None:
 
 def load_daemon_config(args: argparse.Namespace) -> Any:
     from netmon import config as cfg
-    from netmon.gpu.nvml import gpu_count
+    from netmon.gpu.nvml import gpu_count, mig_gpus
 
     overrides: dict[str, Any] = {}
     if getattr(args, "listen", None):
@@ -156,7 +156,14 @@ def load_daemon_config(args: argparse.Namespace) -> Any:
             document["logging"] = {**document.get("logging", {}), **logging_over}
         config = cfg.parse_config(document, "command line")
     gpus = gpu_count() if config.backend != "gloo" else 0
-    return cfg.resolve(config, gpus), gpus
+    mig = mig_gpus() if gpus and config.devices is None else ()
+    if mig and len(mig) < gpus:
+        logging.getLogger("netmon").warning(
+            "GPU(s) %s in MIG mode left out of the probed GPUs (netmon measures whole GPUs; "
+            "set devices to choose)",
+            ", ".join(map(str, mig)),
+        )
+    return cfg.resolve(config, gpus, mig), gpus
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

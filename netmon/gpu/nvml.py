@@ -131,6 +131,21 @@ def gpu_count() -> int:
         return 0
 
 
+def mig_gpus(nvml: Any = None) -> tuple[int, ...]:
+    """The NVML indices of GPUs in MIG mode now (current mode); () where NVML cannot say."""
+    try:
+        with _session(nvml) as nv:
+            ask = _asker(nv)
+            found = []
+            for index, handle in _handles(nv, "its MIG mode not read"):
+                mode = ask(nv.nvmlDeviceGetMigMode, handle)
+                if mode is not None and int(mode[0]) == 1:
+                    found.append(index)
+            return tuple(found)
+    except NvmlUnavailable:
+        return ()
+
+
 def read_gpu_names(nvml: Any = None) -> tuple[GpuName, ...]:
     """Every GPU's index, UUID and model name (netmon.gpu.models picks the node's). Raises
     NvmlUnavailable where NVML cannot be used; a name NVML cannot give is None."""

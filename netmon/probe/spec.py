@@ -44,6 +44,11 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# How far past the longest phase deadline the process group's own timeout lies: the launcher
+# polls its deadlines every fraction of a second and kills within a few.
+WATCHDOG_MARGIN_S = 30.0
+
+
 class PhaseDeadlines(_Frozen):
     """Seconds each phase may take on the slowest rank; measure and warmup are per size."""
 
@@ -59,6 +64,13 @@ class PhaseDeadlines(_Frozen):
 
     def for_phase(self, phase: Phase) -> float:
         return float(getattr(self, phase))
+
+    def watchdog(self) -> float:
+        """The process group's timeout, which c10d also hands NCCL's watchdog: past every phase
+        deadline a collective runs under, so a hung collective ends as netmon's phase timeout
+        (`timeout_measure`, the launcher's kill) and not as the watchdog's abort of the rank
+        (`rank_signal`), and never within a slow but healthy phase."""
+        return max(self.init, self.warmup, self.measure, self.check) + WATCHDOG_MARGIN_S
 
     def capped(self, seconds: float) -> PhaseDeadlines:
         """Every phase limited to at most `seconds` (a short probe timeout tightens them all)."""

@@ -142,7 +142,7 @@ class Rank:
         return dist.TCPStore(self.spec.host, port, self.world, is_master=False, timeout=timeout)
 
     def _init(self, torch: Any, dist: Any, store: Any) -> Any:
-        timeout = timedelta(seconds=self.spec.deadlines.init)
+        timeout = timedelta(seconds=self.spec.deadlines.watchdog())
         if self.spec.backend == "nccl" and (gpu := sim_rank.open_gpu(os.environ)) is not None:
             return self._init_simulated(torch, dist, store, timeout, gpu)
         if self.spec.backend == "nccl":
