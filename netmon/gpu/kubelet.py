@@ -31,6 +31,10 @@ log = logging.getLogger("netmon.gpu.kubelet")
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
 TIMEOUT_S = 2.0
+# How long the pod list's phases are taken as read. They only ever release a held GPU (a pod
+# Succeeded or Failed; a pod not in the list keeps its hold), so an older list holds a GPU a
+# little longer, never frees one early.
+PODS_TTL_S = 10.0
 # What the kubelet's own client accepts (defaultPodResourcesMaxSize in kubernetes'
 # test/e2e_node/util.go); gRPC's 4 MiB default could cut off a node with many pods.
 MAX_RESPONSE_BYTES = 16 << 20
@@ -255,6 +259,10 @@ class KubeletGuard:
         self._logged: set[str] = set()
         self._pods_logged: set[str] = set()
         self._finished: set[str] = set()
+        # The last pod list read, and when: the whole PodList over a new TLS connection is not
+        # fetched again at every idle reading (several a second while probes run).
+        self._phases_read: tuple[float, str, PodPhases] | None = None
+        self.clock: Callable[[], float] = time.monotonic
 
     def read(self) -> list[idle.GpuReading]:
         readings = self.source.read()
@@ -286,6 +294,11 @@ class KubeletGuard:
                     why,
                 )
             return PodPhases.unread(why)
+        with self._lock:
+            cached = self._phases_read
+        now = self.clock()
+        if cached is not None and cached[1] == source.url and now - cached[0] < PODS_TTL_S:
+            return cached[2]
         try:
             phases = PodPhases.of(decode_pod_list(self.pod_lister(source, TIMEOUT_S)))
         except KubeletError as exc:
@@ -294,6 +307,8 @@ class KubeletGuard:
             return self._pods_failed(f"{source.url}: unreadable answer: {exc}")
         if self._forget(self._pods_logged):
             log.info("kubelet pods: %s answers", source.url)
+        with self._lock:
+            self._phases_read = (now, source.url, phases)
         return phases
 
     def _pods_failed(self, error: str) -> PodPhases:
