@@ -161,29 +161,47 @@ def _largest_busbw(item: PairOutcome) -> float:
     return max(item.outcome.results, key=lambda r: r.size_bytes).busbw_bytes_per_second
 
 
-def best_per_pair(results: Sequence[PairOutcome]) -> list[PairOutcome]:
-    """One outcome per pair over several passes: a failure if any pass failed, else the best.
+def best_per_pair(
+    results: Sequence[PairOutcome], max_foreign_cpu: float = 1.0
+) -> list[PairOutcome]:
+    """One outcome per pair over several passes: a failure if any pass failed, else the best of
+    the undisturbed ones (`disturbed`), else the best.
 
     Noise from a busy host only ever slows a link down, so the best of a few passes estimates what
     the link can do, and a link that is really degraded is slow in every pass.
     """
     chosen: dict[Pair, PairOutcome] = {}
+
+    def rank(item: PairOutcome) -> tuple[bool, float]:
+        return (not disturbed(item, max_foreign_cpu), _largest_busbw(item))
+
     for item in results:
         current = chosen.get(item.pair)
         if current is None or (
-            current.outcome.ok
-            and (not item.outcome.ok or _largest_busbw(item) > _largest_busbw(current))
+            current.outcome.ok and (not item.outcome.ok or rank(item) > rank(current))
         ):
             chosen[item.pair] = item
     return list(chosen.values())
 
 
-def verdict_at_largest(results: Sequence[PairOutcome], ratio: float) -> LinkVerdict:
-    """Judge the pairs on their largest measured size (bandwidth, not latency, shows a link)."""
+def disturbed(item: PairOutcome, max_foreign_cpu: float) -> bool:
+    """Whether other work held `max_foreign_cpu` or more of the CPUs while the pair's largest
+    size was measured (the baseline's `disturbed`: its figure says little about the link)."""
+    if not item.outcome.results:
+        return False
+    share = max(item.outcome.results, key=lambda r: r.size_bytes).foreign_cpu_share
+    return share is not None and share >= max_foreign_cpu
+
+
+def verdict_at_largest(
+    results: Sequence[PairOutcome], ratio: float, max_foreign_cpu: float = 1.0
+) -> LinkVerdict:
+    """Judge the pairs on their largest measured size (bandwidth, not latency, shows a link);
+    a pair measured only while other work held the CPUs is not judged."""
     busbw: dict[Pair, float] = {}
     paths: dict[Pair, str] = {}
     for item in results:
-        if item.outcome.results:
+        if item.outcome.results and not disturbed(item, max_foreign_cpu):
             largest = max(item.outcome.results, key=lambda r: r.size_bytes)
             busbw[item.pair] = largest.busbw_bytes_per_second
             paths[item.pair] = item.path
