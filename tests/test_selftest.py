@@ -292,6 +292,11 @@ def test_a_selftest_on_a_simulated_node_drills_zygote_ranks_through_the_daemons_
     # The drill's job opened GPU 0 like a CUDA job: NVML listed it there, next to the ranks.
     jobs = [o for o in node.opened() if o["pid"] == drilled["figures"]["job_pid"]]
     assert [o["uuid"] for o in jobs] == [node.uuid(0)]
+    # What the start checks read, for the report a first GPU user sends back (issue 34).
+    environment = document["environment"]
+    assert (environment["driver_cuda"], environment["torch_cuda"]) == ("13.0", "13.0")
+    assert environment["pid_namespace"] == "host" and environment["imex_channel"] is False
+    assert environment["pairs_without_p2p"] == []
 
 
 # ---- judgments ----

@@ -278,7 +278,28 @@ def environment(outcomes: dict[str, ProbeOutcome], topology: Topology | None) ->
             {"index": g.index, "uuid": g.uuid, "pci_bus_id": g.pci_bus_id, "numa": g.numa}
             for g in topology.gpus
         ]
+        if topology.p2p is not None:
+            # What NCCL will take from NVML for peers its ranks cannot see (docs/TOPOLOGY.md).
+            env["pairs_without_p2p"] = topology.p2p.without([g.index for g in topology.gpus])
+    if found is not None and found.backend == "nccl":
+        env.update(node_checks())
     return env
+
+
+def node_checks() -> dict[str, Any]:
+    """What the start checks read on this node (netmon.gpu.compat), for the report: the answers
+    the first GPU node gives to questions no machine netmon is built on could."""
+    from netmon.gpu import compat
+    from netmon.group.members import imex_channel_present
+
+    driver = compat.read_driver_cuda()
+    torch_cuda, _ = compat.read_torch_cuda()
+    return {
+        "driver_cuda": None if driver is None else str(driver),
+        "torch_cuda": None if torch_cuda is None else str(torch_cuda),
+        "pid_namespace": compat.read_pid_namespace(),
+        "imex_channel": imex_channel_present(),
+    }
 
 
 def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
