@@ -50,10 +50,6 @@ _FLAG_OF_FIELD = {
 }
 
 
-# How many times a pair measured while other work held the CPUs is measured again, alone.
-DISTURBED_RETRIES = 2
-
-
 def add_parser(commands: Any) -> None:
     probe = commands.add_parser(
         "probe",
@@ -464,8 +460,7 @@ def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[Probe
     paths = {pair: str(path) for pair, path in topo.pairs().items()}
 
     def spec_of(pair: tuple[int, int]) -> ProbeSpec:
-        placement = pair_placement(pair, backend)
-        return _built(probe, request.node, placement=placement, topology=topo)
+        return _built(probe, request.node, placement=pair_placement(pair, backend), topology=topo)
 
     def progress(item: PairOutcome) -> None:
         if not args.quiet:
@@ -479,33 +474,13 @@ def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[Probe
     measured: list[PairOutcome] = []
     limit = request.node.baseline.max_foreign_cpu
     with _zygote(args) as zygote:
+        run: dict[str, Any] = {"on_pair": progress, "zygote": zygote}
         for _ in range(args.passes):
-            measured += pairs.run_pair_rounds(
-                spec_of, rounds, paths, on_pair=progress, zygote=zygote
-            )
-        # A pair measured while other work held the CPUs (often the round's other pairs, on a
-        # host with few cores) is measured again alone, as the daemon leaves such a result
-        # unjudged (`disturbed`) rather than call the link slow.
-        for _ in range(DISTURBED_RETRIES):
-            again = [
-                item.pair
-                for item in pairs.best_per_pair(measured, limit)
-                if item.outcome.ok and pairs.disturbed(item, limit)
-            ]
-            if not again:
-                break
-            measured += pairs.run_pair_rounds(
-                spec_of, [[pair] for pair in again], paths, on_pair=progress, zygote=zygote
-            )
-    results = pairs.best_per_pair(measured, limit)
-    verdict = pairs.verdict_at_largest(results, args.suspect_ratio, limit)
-    for item in results:
-        if item.outcome.ok and pairs.disturbed(item, limit):
-            print(
-                f"netmon: pair {item.pair[0]}-{item.pair[1]} not judged: other processes held "
-                f"{limit:.0%} or more of the CPUs in every try (measured alone too)",
-                file=sys.stderr,
-            )
+            measured += pairs.run_pair_rounds(spec_of, rounds, paths, **run)
+        measured += pairs.remeasure_disturbed(measured, spec_of, paths, limit, **run)
+    results, verdict, unjudged = pairs.judged(measured, args.suspect_ratio, limit)
+    for line in unjudged:
+        print(f"netmon: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(report.pairs_document(results, verdict, rounds), indent=2))
     else:

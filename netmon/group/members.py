@@ -187,6 +187,27 @@ def mnnvl_env(
     return {}, "NCCL's own choice"
 
 
+def node_mnnvl_env(
+    backend: str | None, transport: Transport, fabric: Callable[[], Sequence[FabricReading]]
+) -> tuple[dict[str, str], str]:
+    """`mnnvl_env` on this node, read now: NVML's fabric and the IMEX channels."""
+    if (backend or "gloo") != "nccl":
+        return {}, "gloo ranks: no NCCL"
+    domain = None
+    with contextlib.suppress(IdleSourceError):
+        domain = in_nvlink_domain(fabric())
+    return mnnvl_env(transport, domain, imex_channel_present())
+
+
+def round_env(interface: str | None, mnnvl: Mapping[str, str]) -> dict[str, str]:
+    """The settings of this member's round ranks: the group's interface for gloo's and NCCL's
+    sockets, and the MNNVL choice (`mnnvl_env`)."""
+    env = dict(mnnvl)
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = interface
+    return env
+
+
 def imex_channel_present(root: Path = IMEX_CHANNELS) -> bool:
     with contextlib.suppress(OSError):
         return any(entry.name.startswith("channel") for entry in root.iterdir())

@@ -315,17 +315,9 @@ class Launcher:
         reps = spec.batch if spec.timing == "batched" else 1
         self._collective_s += sum(samples) * reps
         cpu = cpushare.rows_of(event.get("cpu"))
-        carried = event.get("carried_bytes")
         result = SizeResult.of_samples(
-            spec,
-            size_bytes,
-            int(event["count"]),
-            samples,
-            per_rank,
-            event.get("check_ok"),
-            cpu,
-            carried_bytes=int(carried) if carried is not None else None,
-        )
+            spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok"), cpu
+        ).carrying(event.get("carried_bytes"))
         self._results.append(result)
         if result.check_ok is False:
             self._blame(

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 from netmon.probe.build import Placement
 from netmon.probe.forking import Zygote
@@ -182,6 +183,53 @@ def best_per_pair(
         ):
             chosen[item.pair] = item
     return list(chosen.values())
+
+
+# How many times a pair measured while other work held the CPUs is measured again, alone.
+DISTURBED_RETRIES = 2
+
+
+def remeasure_disturbed(
+    measured: Sequence[PairOutcome],
+    spec_of: Callable[[Pair], ProbeSpec],
+    paths: Mapping[Pair, str],
+    max_foreign_cpu: float,
+    **run: Any,
+) -> list[PairOutcome]:
+    """Pairs measured while other work held the CPUs (often the round's other pairs, on a host
+    with few cores), measured again alone up to DISTURBED_RETRIES times, as the daemon leaves
+    such a result unjudged rather than call the link slow. `run` goes to run_pair_rounds."""
+    again: list[PairOutcome] = []
+    for _ in range(DISTURBED_RETRIES):
+        pairs = [
+            item.pair
+            for item in best_per_pair([*measured, *again], max_foreign_cpu)
+            if item.outcome.ok and disturbed(item, max_foreign_cpu)
+        ]
+        if not pairs:
+            break
+        again += run_pair_rounds(spec_of, [[pair] for pair in pairs], paths, **run)
+    return again
+
+
+def judged(
+    measured: Sequence[PairOutcome], ratio: float, max_foreign_cpu: float
+) -> tuple[list[PairOutcome], LinkVerdict, list[str]]:
+    """The best outcome per pair, the verdict at the largest size, and a line per pair that
+    was disturbed every time and so not judged."""
+    results = best_per_pair(measured, max_foreign_cpu)
+    verdict = verdict_at_largest(results, ratio, max_foreign_cpu)
+    return results, verdict, not_judged(results, max_foreign_cpu)
+
+
+def not_judged(results: Sequence[PairOutcome], max_foreign_cpu: float) -> list[str]:
+    """One line per pair left unjudged as disturbed in every try."""
+    return [
+        f"pair {item.pair[0]}-{item.pair[1]} not judged: other processes held "
+        f"{max_foreign_cpu:.0%} or more of the CPUs in every try (measured alone too)"
+        for item in results
+        if item.outcome.ok and disturbed(item, max_foreign_cpu)
+    ]
 
 
 def disturbed(item: PairOutcome, max_foreign_cpu: float) -> bool:

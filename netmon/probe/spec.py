@@ -216,17 +216,11 @@ class SizeResult(_Frozen):
         per_rank: Sequence[Sequence[float]],
         check_ok: bool | None,
         cpu: Sequence[Sequence[float]] = (),
-        carried_bytes: int | None = None,
     ) -> SizeResult:
         """One size's result from its samples (per op, already combined over the ranks by the
-        spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them,
-        of the bytes moved (`carried_bytes` where fewer than `size_bytes`)."""
+        spec's rank_stat) and every rank's own times; algbw and busbw as nccl-tests defines them."""
         stats = spread(samples)
         modes = mode_shares(cpu)
-        carried = (
-            carried_bytes if carried_bytes is not None and carried_bytes < size_bytes else None
-        )
-        moved = size_bytes if carried is None else carried
         return cls(
             op=spec.op,
             size_bytes=size_bytes,
@@ -240,8 +234,8 @@ class SizeResult(_Frozen):
             max_s=stats.max,
             cv=stats.cv,
             samples=stats.samples,
-            algbw_bytes_per_second=algbw(moved, stats.median),
-            busbw_bytes_per_second=busbw(spec.op, spec.ranks, moved, stats.median),
+            algbw_bytes_per_second=algbw(size_bytes, stats.median),
+            busbw_bytes_per_second=busbw(spec.op, spec.ranks, size_bytes, stats.median),
             bus_factor=bus_factor(spec.op, spec.ranks),
             check_ok=check_ok,
             path=spec.path,
@@ -250,7 +244,20 @@ class SizeResult(_Frozen):
             irq_cpu_share=modes.get("irq"),
             softirq_cpu_share=modes.get("softirq"),
             steal_cpu_share=modes.get("steal"),
-            carried_bytes=carried,
+        )
+
+    def carrying(self, carried: int | None) -> SizeResult:
+        """This result where the ranks moved `carried` bytes per op, fewer than size_bytes (a
+        simulated rank's cap): its algbw and busbw are of the bytes moved."""
+        if carried is None or carried >= self.size_bytes:
+            return self
+        moved = algbw(carried, self.time_s)
+        return self.model_copy(
+            update={
+                "carried_bytes": carried,
+                "algbw_bytes_per_second": moved,
+                "busbw_bytes_per_second": moved * self.bus_factor,
+            }
         )
 
     @property

@@ -26,21 +26,12 @@ from typing import Any
 
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.snapshot import GroupView
-from netmon.gpu.fabric import FabricReading, in_nvlink_domain
-from netmon.gpu.idle import IdleSourceError
+from netmon.gpu.fabric import FabricReading
 from netmon.gpu.nvml import read_fabric
+from netmon.group import members
 from netmon.group.auth import Sealer
 from netmon.group.link import GroupError, GroupLink, SealedLink
-from netmon.group.members import (
-    RDMA_ROOT,
-    GroupConfig,
-    World,
-    imex_channel_present,
-    lay_out,
-    leader_of,
-    mnnvl_env,
-    node_transport,
-)
+from netmon.group.members import RDMA_ROOT, GroupConfig, World, lay_out, leader_of, node_transport
 from netmon.logs import event
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
@@ -90,13 +81,8 @@ class Coordinator:
         # What NCCL must show between nodes when the group does not say: fixed, like the backend.
         self.transport, why = node_transport(group, current.get().backend, topology, fabric, rdma)
         event(log, "group transport", group=group.name, transport=self.transport, why=why)
-        self.mnnvl_env: dict[str, str] = {}
-        if (current.get().backend or "gloo") == "nccl":
-            domain = None
-            with contextlib.suppress(IdleSourceError):
-                domain = in_nvlink_domain(fabric())
-            self.mnnvl_env, why = mnnvl_env(self.transport, domain, imex_channel_present())
-            event(log, "group mnnvl", group=group.name, env=self.mnnvl_env, why=why)
+        self.mnnvl_env, why = members.node_mnnvl_env(current.get().backend, self.transport, fabric)
+        event(log, "group mnnvl", group=group.name, env=self.mnnvl_env, why=why)
         self.me = me
         self.link = SealedLink(link, sealer, self.rejected)
         self.readiness = readiness
@@ -445,10 +431,6 @@ class Coordinator:
     def _group_spec(
         self, probe: ProbeConfig, config: NetmonConfig, world: World, devices: list[str]
     ) -> ProbeSpec:
-        env = dict(self.mnnvl_env)
-        if self.group.interface:
-            env = {"GLOO_SOCKET_IFNAME": self.group.interface}
-            env["NCCL_SOCKET_IFNAME"] = self.group.interface
         nccl = (config.backend or "gloo") == "nccl"
         placement = Placement(
             devices=tuple(devices) if nccl and len(devices) == world.size else (),
@@ -456,7 +438,7 @@ class Coordinator:
             host=world.host,
             reporters=world.reporters,
             local_ranks=world.ranks_of[self.me],
-            env=env,
+            env=members.round_env(self.group.interface, self.mnnvl_env),
             label="group",
             intent=INTENT_OF_TRANSPORT[self.transport],
         )
