@@ -185,6 +185,14 @@ class TopologyNvml(FakeNvml):
     def _nvmlDeviceGetTopologyCommonAncestor(self, first: int, second: int) -> int:
         return int(pynvml.NVML_TOPOLOGY_NODE)
 
+    def _nvmlDeviceGetP2PStatus(self, first: int, second: int, index: int) -> int:
+        # SYNTHETIC: the bridged pair does P2P; GPU2 answers NotSupported for the question, as
+        # NVML does for a capability index a board does not report.
+        assert index == pynvml.NVML_P2P_CAPS_INDEX_READ
+        if 2 in (first, second):
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(pynvml.NVML_P2P_STATUS_OK)
+
 
 _ERRORS_GPU0 = {
     pynvml.NVML_NVLINK_ERROR_DL_REPLAY: 11,

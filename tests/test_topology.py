@@ -557,9 +557,9 @@ def readings_like(
 
 
 def without_ids(topology: Topology) -> Topology:
-    return replace(
-        topology, gpus=tuple(replace(g, uuid=None, pci_bus_id=None) for g in topology.gpus)
-    )
+    """What `topo -m` shows too: no UUIDs, bus ids or P2P status."""
+    gpus = tuple(replace(g, uuid=None, pci_bus_id=None) for g in topology.gpus)
+    return replace(topology, gpus=gpus, p2p=None)
 
 
 def without_nics(topology: Topology) -> Topology:
@@ -696,7 +696,11 @@ def test_read_topology_through_nvml(typed: bool) -> None:
     assert without_ids(topology) == parsed(A6000_3)
     assert topology.gpus[2].uuid == "GPU-synthetic-2"
     assert topology.gpus[2].pci_bus_id == bus_id(2)
-    assert fake.shutdowns == 1
+    assert fake.shutdowns == 2  # the topology's session, and the P2P status's
+    # P2P as NVML answers it: the bridged pair does it; what NVML does not answer is not guessed
+    # (so no pair is said to lack it, and NCCL decides).
+    assert topology.p2p is not None and topology.p2p.supported(0, 1)
+    assert (0, 2) not in topology.p2p.status and topology.p2p.without([0, 1, 2]) == []
     # Every link number is asked once per GPU; only active links are asked further.
     assert fake.times_called("nvmlDeviceGetNvLinkState") == 3 * pynvml.NVML_NVLINK_MAX_LINKS
     assert fake.times_called("nvmlDeviceGetNvLinkRemotePciInfo") == 8
