@@ -144,6 +144,16 @@ def node_file(
     return SimNode(directory / f"{name}.json", document)
 
 
+def shipped_node(directory: Path, name: str) -> SimNode:
+    """A copy of the node file tests/fixtures/nodes/NAME.json, its topology read where it lies."""
+    shipped = FIXTURES / "nodes" / f"{name}.json"
+    document = json.loads(shipped.read_text())
+    document["topology"] = str((shipped.parent / document["topology"]).resolve())
+    document.setdefault("processes", [])
+    directory.mkdir(parents=True, exist_ok=True)
+    return SimNode(directory / f"{name}.json", document)
+
+
 def dgx_h100(directory: Path, mig: Sequence[int] = ()) -> SimNode:
     """8 x H100 SXM on NVSwitch, every pair NV18, GPUs 0-3 on NUMA node 0 and 4-7 on node 1."""
     models = [("NVIDIA H100 80GB HBM3", 9.0, 132)] * 8

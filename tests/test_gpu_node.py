@@ -33,7 +33,7 @@ from netmon.serve.readiness import DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
 from tests.conftest import live_processes, wait_for
-from tests.gpu_node import FIXTURES, SimNode, dgx_h100, mixed_models, pcie_workstation
+from tests.gpu_node import SimNode, dgx_h100, mixed_models, pcie_workstation, shipped_node
 
 # Long enough on gloo that a job can arrive mid-measure; cheap to start.
 LONG = {"sizes": ["16M"], "iters": 400, "warmup": 1, "timeout": "60s"}
@@ -621,14 +621,7 @@ def test_a_pair_sweep_that_comes_due_while_a_collective_runs_waits_for_it(
 
 def nvlink_pair_node(directory: Path) -> SimNode:
     """The shipped 3 x RTX A6000 node: GPUs 0 and 1 on an NVLink bridge, GPU 2 on PCIe only."""
-    import json
-
-    shipped = FIXTURES / "nodes" / "nvlink-pair-3x-a6000.json"
-    document = json.loads(shipped.read_text())
-    document["topology"] = str((shipped.parent / document["topology"]).resolve())
-    document.setdefault("processes", [])
-    directory.mkdir(parents=True, exist_ok=True)
-    return SimNode(directory / "a6k3.json", document)
+    return shipped_node(directory, "nvlink-pair-3x-a6000")
 
 
 def test_a_shared_node_never_takes_its_own_probes_for_jobs(
@@ -668,14 +661,7 @@ def test_a_shared_node_never_takes_its_own_probes_for_jobs(
 
 def pcie_only_node(directory: Path) -> SimNode:
     """The shipped 2 x RTX 5090 node: PCIe only, and no P2P between the boards (GeForce)."""
-    import json
-
-    shipped = FIXTURES / "nodes" / "pcie-2x-rtx5090.json"
-    document = json.loads(shipped.read_text())
-    document["topology"] = str((shipped.parent / document["topology"]).resolve())
-    document.setdefault("processes", [])
-    directory.mkdir(parents=True, exist_ok=True)
-    return SimNode(directory / "g5090.json", document)
+    return shipped_node(directory, "pcie-2x-rtx5090")
 
 
 @pytest.mark.parametrize(("make", "p2p_off"), [(pcie_only_node, True), (nvlink_pair_node, False)])
