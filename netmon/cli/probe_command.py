@@ -22,7 +22,6 @@ from netmon.errors import UsageError, describe_validation_error
 from netmon.probe.build import SpecError, build_spec
 from netmon.probe.forking import Zygote
 from netmon.probe.launcher import run_probe
-from netmon.probe.pairs import PairOutcome, pair_placement
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.starting import base_env
 from netmon.topology.model import Topology
@@ -257,13 +256,13 @@ class Request:
 
     def specs(self) -> list[ProbeSpec]:
         return [
-            _built(probe, self.node, path=path, topology=self.topology)
+            spec_from(probe, self.node, path=path, topology=self.topology)
             for probe in self.probes
             for path in probe.paths
         ]
 
 
-def _built(probe: ProbeConfig, node: NetmonConfig, **placed: Any) -> ProbeSpec:
+def spec_from(probe: ProbeConfig, node: NetmonConfig, **placed: Any) -> ProbeSpec:
     """A spec from probe.build, its errors said with the flag that caused them."""
     try:
         spec = build_spec(probe, node, **placed)
@@ -359,7 +358,7 @@ def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
 
 
 @contextlib.contextmanager
-def _zygote(args: argparse.Namespace) -> Iterator[Zygote | None]:
+def rank_zygote(args: argparse.Namespace) -> Iterator[Zygote | None]:
     """The rank zygote for this command's probes (one torch import for all their ranks)."""
     if args.rank_start != "zygote":
         yield None
@@ -385,10 +384,12 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "announce", None):
         print(args.announce, file=sys.stderr)
     if args.pairs:
-        return _run_pairs(args, request, specs)
+        from netmon.cli.probe_pairs import run_pairs
+
+        return run_pairs(args, request, specs)
     total = sum(len(spec.sizes) for spec in specs)
     on_event = _progress(args.quiet or total < 2, total)
-    with _zygote(args) as zygote:
+    with rank_zygote(args) as zygote:
         outcomes = [run_probe(spec, on_event=on_event, zygote=zygote) for spec in specs]
     if args.plot is not None:
         from netmon.cli import plot
@@ -443,58 +444,3 @@ def _topology(args: argparse.Namespace, backend: str, ranks: int) -> Topology | 
                 raise UsageError(f"--topology: {exc}; give a topo -m file") from None
             return None  # NUMA nodes and NVLink intents stay unknown
     return uniform(ranks, "CPU") if args.pairs else None
-
-
-def _run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[ProbeSpec]) -> int:
-    from netmon.probe import pairs
-    from netmon.topology.plan import plan_rounds
-
-    if len(specs) != 1:
-        raise UsageError("--pairs: give one --op, one --chunks value and one path")
-    if args.passes < 1:
-        raise UsageError(f"--passes: must be >= 1 (got {args.passes})")
-    topo = request.topology
-    assert topo is not None  # _request reads it for --pairs
-    probe, backend = request.probes[0], specs[0].backend
-    rounds = plan_rounds(topo)
-    paths = {pair: str(path) for pair, path in topo.pairs().items()}
-
-    def spec_of(pair: tuple[int, int]) -> ProbeSpec:
-        return _built(probe, request.node, placement=pair_placement(pair, backend), topology=topo)
-
-    def progress(item: PairOutcome) -> None:
-        if not args.quiet:
-            state = "ok" if item.outcome.ok else f"FAILED ({item.outcome.failure.reason})"  # type: ignore[union-attr]
-            print(
-                f"netmon: pair {item.pair[0]}-{item.pair[1]} ({item.path}): {state}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    measured: list[PairOutcome] = []
-    limit = request.node.baseline.max_foreign_cpu
-    with _zygote(args) as zygote:
-        run: dict[str, Any] = {"on_pair": progress, "zygote": zygote}
-        for _ in range(args.passes):
-            measured += pairs.run_pair_rounds(spec_of, rounds, paths, **run)
-        measured += pairs.remeasure_disturbed(measured, spec_of, paths, limit, **run)
-    results, verdict, unjudged = pairs.judged(measured, args.suspect_ratio, limit)
-    for line in unjudged:
-        print(f"netmon: {line}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(report.pairs_document(results, verdict, rounds), indent=2))
-    else:
-        print(report.pairs_table(results, verdict, args.wide))
-    failed = [item for item in results if not item.outcome.ok]
-    for item in failed:
-        assert item.outcome.failure is not None
-        print(
-            f"netmon: pair {item.pair[0]}-{item.pair[1]} failed: {item.outcome.failure.describe()}",
-            file=sys.stderr,
-        )
-    if failed:
-        return EXIT_PROBE_FAILED
-    if verdict.suspect_pairs or verdict.suspect_members:
-        print(f"netmon: UNHEALTHY: {verdict.describe()}", file=sys.stderr)
-        return EXIT_GATE
-    return EXIT_OK
