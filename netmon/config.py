@@ -92,6 +92,7 @@ class ProbeConfig(_Strict):
     iters: int = Field(20, ge=1)
     batch: int = Field(5, ge=1)
     timing: Timing = "batched"
+    cuda_graph: Literal["auto", "off"] = "auto"  # small sizes on NCCL timed from a CUDA graph
     rank_stat: RankStat = "max"  # a sample's time: the slowest rank's, or the mean (nccl-tests)
     chunks: int = Field(1, ge=1)
     devices: tuple[str, ...] | None = None  # default: the node's devices

@@ -86,6 +86,13 @@ def add_parser(commands: Any) -> None:
         help="synchronise after every op (nccl-tests -z, latency view)",
     )
     probe.add_argument(
+        "--cuda-graph",
+        choices=("auto", "off"),
+        default="auto",
+        help="time sizes up to 1 MiB on NCCL from one CUDA graph per batch (auto, the default; "
+        "the JSON's timing_path says which was used) or off: eager calls",
+    )
+    probe.add_argument(
         "--rank-stat",
         choices=bandwidth.RANK_STATS,
         default="max",
@@ -299,6 +306,7 @@ def _request(args: argparse.Namespace) -> Request:
         iters=args.iters,
         batch=args.batch,
         timing="per_op" if args.per_op else "batched",
+        cuda_graph=args.cuda_graph,
         rank_stat=args.rank_stat,
         ranks=ranks,
         env=_parse_env(args.env),
@@ -333,7 +341,8 @@ def _progress(quiet: bool, total: int) -> Any:
         result = event["result"]
         print(
             f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
-            f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s",
+            f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s"
+            f"{' (timed from a CUDA graph)' if result.timing_path == 'graph' else ''}",
             file=sys.stderr,
             flush=True,
         )

@@ -75,6 +75,7 @@ def build_spec(
         iters=probe.iters,
         batch=probe.batch,
         timing=probe.timing,
+        cuda_graph=probe.cuda_graph,
         rank_stat=probe.rank_stat,
         chunks=probe.chunks,
         backend=backend,

@@ -27,7 +27,7 @@ from typing import Any
 
 import netmon
 from netmon import bandwidth
-from netmon.probe import cpushare, nccl_debug
+from netmon.probe import cpushare, graphs, nccl_debug
 from netmon.probe.debugenv import debug_env
 from netmon.probe.forking import ForkedRank, Zygote
 from netmon.probe.processes import (
@@ -312,12 +312,13 @@ class Launcher:
         per_rank = [[float(v) for v in times] for times in event["samples"]]
         size_bytes = int(event["size_bytes"])
         samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
-        reps = spec.batch if spec.timing == "batched" else 1
-        self._collective_s += sum(samples) * reps
+        self._collective_s += sum(samples) * (spec.batch if spec.timing == "batched" else 1)
         cpu = cpushare.rows_of(event.get("cpu"))
         result = SizeResult.of_samples(
             spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok"), cpu
-        ).carrying(event.get("carried_bytes"))
+        )
+        result = result.carrying(event.get("carried_bytes")).timed(event)
+        graphs.note(spec, result)
         self._results.append(result)
         if result.check_ok is False:
             self._blame(

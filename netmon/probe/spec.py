@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -87,6 +87,8 @@ class ProbeSpec(_Frozen):
     iters: int = Field(20, ge=1, description="timed samples per size")
     batch: int = Field(5, ge=1, description="back-to-back ops per sample in batched timing")
     timing: Timing = "batched"
+    # Latency-bound sizes on NCCL timed from a CUDA graph of each batch (netmon.probe.graphs).
+    cuda_graph: Literal["auto", "off"] = "auto"
     # One sample's time from the ranks' times: the slowest rank (max), or nccl-tests' mean.
     rank_stat: RankStat = "max"
     chunks: int = Field(1, ge=1, description="split each op of S bytes into k ops of S/k")
@@ -205,6 +207,10 @@ class SizeResult(_Frozen):
     # carries at most netmon.sim.rank.MAX_BYTES): algbw and busbw are of these, so no figure
     # is computed from bytes nobody moved. None: all of size_bytes.
     carried_bytes: int | None = None
+    # How the batch was issued (netmon.probe.graphs): one CUDA graph replay, or eager calls; and
+    # why eager where a graph was possible in principle (None when no reason to say).
+    timing_path: Literal["graph", "eager"] = "eager"
+    timing_why: str | None = None
 
     @classmethod
     def of_samples(
@@ -259,6 +265,12 @@ class SizeResult(_Frozen):
                 "busbw_bytes_per_second": moved * self.bus_factor,
             }
         )
+
+    def timed(self, event: Mapping[str, Any]) -> SizeResult:
+        """This result with how its rank timed it (a size event's timing_path and timing_why;
+        a rank of an older netmon sends neither: eager)."""
+        path = event.get("timing_path") or "eager"
+        return self.model_copy(update={"timing_path": path, "timing_why": event.get("timing_why")})
 
     @property
     def cpu_modes(self) -> dict[str, float]:

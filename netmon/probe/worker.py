@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from netmon.bandwidth import Buffers, buffers_for
 from netmon.listen import listen_on
-from netmon.probe import cpushare
+from netmon.probe import cpushare, graphs
 from netmon.probe.processes import CHANNEL_FD, is_loopback
 from netmon.probe.spec import Phase, ProbeSpec
 from netmon.sim import rank as sim_rank
@@ -179,14 +179,10 @@ class Rank:
         return torch.device("cpu")
 
     def _report_environment(self, torch: Any) -> None:
-        nccl = sim_rank.nccl_version() if self.spec.backend == "nccl" else None
-        if self.spec.backend == "nccl" and nccl is None:
-            version = torch.cuda.nccl.version()
-            nccl = ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
         self.channel.send(
             "env",
             torch=torch.__version__,
-            nccl=nccl,
+            nccl=self._nccl_version(torch),
             python=sys.version.split()[0],
             devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         )
@@ -205,8 +201,19 @@ class Rank:
         for _ in range(spec.warmup):
             collective.run(spec.chunks)
         self._synchronize(torch, dist, device)
+        on_gpu = device.type == "cuda" or self.simulated
+        choice = graphs.choose(spec, size, on_gpu, self._nccl_version(torch))
+        issue, choice = graphs.issuer(
+            torch,
+            dist,
+            device,
+            collective.run,
+            spec.chunks * self._reps(),
+            choice,
+            sim_rank.capture if self.simulated else None,
+        )
         self.enter("measure", size=size)
-        samples, cpu = self._measure(torch, dist, device, collective)
+        samples, cpu = self._measure(torch, dist, device, issue)
         check_ok: bool | None = None
         if spec.check:
             self.enter("check", size=size)
@@ -222,7 +229,22 @@ class Rank:
                 samples=samples,
                 cpu=cpu,
                 check_ok=check_ok,
+                timing_path=choice.path,
+                timing_why=choice.why,
             )
+
+    def _reps(self) -> int:
+        """Ops per sample: a batch, or one where every op is synchronised."""
+        return self.spec.batch if self.spec.timing == "batched" else 1
+
+    def _nccl_version(self, torch: Any) -> str | None:
+        if self.spec.backend != "nccl":
+            return None
+        simulated = sim_rank.nccl_version()
+        if simulated is not None or not torch.cuda.is_available():
+            return simulated
+        version = torch.cuda.nccl.version()
+        return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
 
     def _synchronize(self, torch: Any, dist: Any, device: Any) -> None:
         if device.type == "cuda":
@@ -233,19 +255,20 @@ class Rank:
             dist.barrier()
 
     def _measure(
-        self, torch: Any, dist: Any, device: Any, collective: Collective
+        self, torch: Any, dist: Any, device: Any, issue: Callable[[], None]
     ) -> tuple[list[list[float]], list[list[float]]]:
         """Every rank's sample times, and each rank's CPU reading over its measured loop
-        (netmon.probe.cpushare; empty where /proc cannot say)."""
+        (netmon.probe.cpushare; empty where /proc cannot say). A sample is one `issue`: a batch
+        of ops, eager or one graph replay (netmon.probe.graphs), timed per op."""
         spec = self.spec
         times = []
         before = cpushare.read()
         for _ in range(spec.iters):
             self._synchronize(torch, dist, device)
             if device.type == "cuda":
-                times.append(self._time_cuda(torch, device, collective))
+                times.append(self._time_cuda(torch, issue))
             else:
-                times.append(self._time_host(collective))
+                times.append(self._time_host(issue))
         after = cpushare.read()
         cpu = after.since(before) if before and after else [-1.0] * cpushare.READING_FIELDS
         # Every rank's times and reading, gathered outside the timed region; the launcher
@@ -259,27 +282,18 @@ class Rank:
         cut = len(times)
         return [r[:cut] for r in rows], [r[cut:] for r in rows if r[cut + 2] >= 0]
 
-    def _time_host(self, collective: Collective) -> float:
-        reps = self.spec.batch if self.spec.timing == "batched" else 1
+    def _time_host(self, issue: Callable[[], None]) -> float:
         start = time.perf_counter()
-        for _ in range(reps):
-            collective.run(self.spec.chunks)
-        return (time.perf_counter() - start) / reps
+        issue()
+        return (time.perf_counter() - start) / self._reps()
 
-    def _time_cuda(self, torch: Any, device: Any, collective: Collective) -> float:
+    def _time_cuda(self, torch: Any, issue: Callable[[], None]) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if self.spec.timing == "batched":
-            start.record()
-            for _ in range(self.spec.batch):
-                collective.run(self.spec.chunks)
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3 / self.spec.batch
         start.record()
-        collective.run(self.spec.chunks)
+        issue()
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3
+        return float(start.elapsed_time(end)) / 1e3 / self._reps()
 
     def _check(self, torch: Any, dist: Any, device: Any, collective: Collective) -> bool:
         ok = collective.verify()

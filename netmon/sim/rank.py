@@ -6,7 +6,7 @@ they do (`kernels`), NVML reads the GPU busy, as a GPU's utilization counts its 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from netmon.sim import active
 
@@ -42,3 +42,9 @@ def kernels(running: bool) -> None:
     node = active()
     if node is not None:
         node.kernels(os.getpid(), running)
+
+
+def capture(run: Callable[[int], None], ops: int) -> Callable[[], None]:
+    """A simulated node's CUDA graph: the batch recorded once, replayed as the same ops (gloo has
+    no graphs; what the rehearsal checks is the choice, the ranks' agreement and the report)."""
+    return lambda: run(ops)
