@@ -20,16 +20,16 @@ CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?P<value>.+?)\s*$", re.MULTILIN
 
 def missing_for_nccl() -> str | None:
     """What keeps NCCL probes from running here, in one phrase; None when nothing does. On a
-    simulated node the node file stands for driver and NVML, and ranks run on gloo: only what
-    the node file can say is asked (netmon.gpu.compat)."""
+    simulated node the node file stands for driver and NVML (its `nvml_errors` included), and
+    ranks run on gloo: only what the node file can say is asked (netmon.gpu.compat)."""
     from netmon.gpu.compat import node_fault
 
-    if sim.active() is None:
-        if not (_DRIVER.exists() or _DEVICE.exists()):
-            return f"no NVIDIA driver loaded ({_DRIVER} and {_DEVICE} are missing)"
-        missing = _nvml_gpus() or torch_without_cuda()
-        if missing is not None:
-            return missing
+    real = sim.active() is None
+    if real and not (_DRIVER.exists() or _DEVICE.exists()):
+        return f"no NVIDIA driver loaded ({_DRIVER} and {_DEVICE} are missing)"
+    missing = _nvml_gpus() or (torch_without_cuda() if real else None)
+    if missing is not None:
+        return missing
     fault = node_fault()
     return fault.message if fault is not None else None
 

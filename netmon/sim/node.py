@@ -16,9 +16,16 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from netmon.probe.processes import running_as, start_time
 from netmon.topology.model import Topology
@@ -55,6 +62,30 @@ class SimPcie(_Frozen):
     replay_counter: int = Field(0, ge=0)
 
 
+# NVML errors a node file can make a call raise, by pynvml's name for them (NVML_ERROR_...).
+NvmlFailure = Literal[
+    "not_supported",
+    "no_permission",
+    "gpu_is_lost",
+    "unknown",
+    "driver_not_loaded",
+    "lib_rm_version_mismatch",
+    "timeout",
+]
+
+
+def _nvml_calls(value: dict[str, NvmlFailure]) -> dict[str, NvmlFailure]:
+    import pynvml
+
+    unknown = sorted(n for n in value if not (n.startswith("nvml") and hasattr(pynvml, n)))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: name NVML calls as pynvml does (nvmlDevice...)")
+    return value
+
+
+NvmlErrors = Annotated[dict[str, NvmlFailure], AfterValidator(_nvml_calls)]
+
+
 class SimGpu(_Frozen):
     uuid: str = Field(pattern=r"^GPU-[0-9A-Za-z-]+$")
     pci_bus_id: str = Field(pattern=r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
@@ -76,12 +107,23 @@ class SimGpu(_Frozen):
     # Whether the board does CUDA peer-to-peer (NVML's P2P status with any other GPU): GeForce
     # boards and many VMs do not ("GPU not supported").
     p2p: bool = True
+    # NVML calls on this GPU that fail, by pynvml's function name: {"nvmlDeviceGetComputeRunning
+    # Processes": "no_permission"} (a container without the right capabilities), or
+    # "gpu_is_lost" on nvmlDeviceGetUUID or nvmlDeviceGetHandleByIndex (a GPU fallen off the bus).
+    nvml_errors: NvmlErrors = {}
+    # Its NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV) on an NVSwitch node: the state,
+    # the status once completed (an nvmlReturn_t: 0 registered), and the multi-node NVLink
+    # domain's cluster UUID (32 hex digits; none: a single-node fabric).
+    fabric: Literal["not_started", "in_progress", "completed"] = "completed"
+    fabric_status: int = Field(0, ge=0)
+    cluster_uuid: str | None = Field(None, pattern=r"^[0-9a-f]{32}$")
 
 
 class SimProcess(_Frozen):
     gpu: str  # the GPU's UUID
     pid: int = Field(gt=0)
-    used_memory: int = Field(8 * GiB, ge=0)
+    # None: NVML cannot say (it reports NVML_VALUE_NOT_AVAILABLE, which pynvml turns into None).
+    used_memory: int | None = Field(8 * GiB, ge=0)
 
 
 class SimPod(_Frozen):
@@ -108,6 +150,9 @@ class NodeFile(_Frozen):
     driver_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
     torch_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
     pid_namespace: Literal["host", "container"] = "host"
+    # NVML calls made on no GPU that fail (nvmlInit, nvmlDeviceGetCount, ...), as `nvml_errors`
+    # of a GPU: {"nvmlInit": "driver_not_loaded"}.
+    nvml_errors: NvmlErrors = {}
 
     @model_validator(mode="after")
     def _known_gpus(self) -> NodeFile:
@@ -285,7 +330,7 @@ class SimulatedNode:
         with self._lock:
             self._busy_at[uuid] = max(self._busy_at.get(uuid, ended), ended)
 
-    def processes(self, uuid: str) -> list[tuple[int, int]]:
+    def processes(self, uuid: str) -> list[tuple[int, int | None]]:
         """(pid, bytes used) on the GPU: the file's jobs, then netmon's ranks."""
         node = self.current()
         jobs = [(p.pid, p.used_memory) for p in node.processes if p.gpu == uuid]
@@ -338,6 +383,9 @@ class SimulatedNode:
             raise RuntimeError(
                 f"CUDA error: {first.uuid} is in MIG mode: CUDA sees only its MIG instances"
             )
+        if "gpu_is_lost" in first.nvml_errors.values():
+            # A GPU fallen off the bus (Xid 79): NVML says GPU_IS_LOST, CUDA cannot use it.
+            raise RuntimeError(f"CUDA error: unknown error ({first.uuid} has fallen off the bus)")
         return first
 
 

@@ -20,8 +20,10 @@ import pynvml
 from netmon.sim.node import SimGpu, SimulatedNode
 
 _COMPUTE_MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
+UNREPORTED = 8 << 30  # what a process whose memory NVML does not report holds on its GPU
 _ERROR_COUNTERS = {0: "replay", 1: "recovery", 2: "crc_flit", 3: "crc_data"}  # nvml.h order
-_FABRIC_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+# nvmlGpuFabricState_t: NVML_GPU_FABRIC_STATE_NOT_STARTED, _IN_PROGRESS, _COMPLETED
+_FABRIC_STATES = {"not_started": 1, "in_progress": 2, "completed": 3}
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,26 @@ class SimulatedNvml:
         def call(*args: Any, **kwargs: Any) -> Any:
             signature.bind(*args, **kwargs)
             self.calls[name] = self.calls.get(name, 0) + 1
+            failure = self._failure(name, args)
+            if failure is not None:
+                raise _error(getattr(pynvml, f"NVML_ERROR_{failure.upper()}"))
             return answer(self, *args, **kwargs)
 
         return call
+
+    def _failure(self, name: str, args: tuple[Any, ...]) -> str | None:
+        """The error the node file makes this call raise: a GPU's, for a call on its handle
+        (or its index, opening one); the node's for any call."""
+        node = self.node.current()
+        first = args[0] if args else None
+        index = first.index if isinstance(first, _Handle) else None
+        if name == "nvmlDeviceGetHandleByIndex" and isinstance(first, int):
+            index = first
+        if index is not None and 0 <= index < len(node.gpus):
+            failure = node.gpus[index].nvml_errors.get(name)
+            if failure is not None:
+                return failure
+        return node.nvml_errors.get(name)
 
     def _gpu(self, handle: _Handle) -> SimGpu:
         gpus = self.node.current().gpus
@@ -112,7 +131,9 @@ class SimulatedNvml:
         gpu = self._gpu(handle)
         # v2 leaves out what the driver reserves for itself; v1 counts it as used.
         reserved = 0 if version is not None else 500 << 20
-        used = reserved + (1 << 20) + sum(b for _, b in self.node.processes(gpu.uuid))
+        # A process whose share NVML cannot say (None) still holds memory: the GPU counts it.
+        held = sum(UNREPORTED if b is None else b for _, b in self.node.processes(gpu.uuid))
+        used = reserved + (1 << 20) + held
         used = min(used, gpu.memory_total)
         return SimpleNamespace(total=gpu.memory_total, used=used, free=gpu.memory_total - used)
 
@@ -197,10 +218,12 @@ class SimulatedNvml:
         raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # topology comes from the topo text
 
     def _nvmlDeviceGetGpuFabricInfoV(self, handle: _Handle, info: Any) -> None:
-        self._gpu(handle)
+        gpu = self._gpu(handle)
         if not self.node.current().nvswitch:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # a GPU in no NVLink fabric
         target = info.contents if isinstance(info, ctypes._Pointer) else info
-        target.state = _FABRIC_COMPLETED
-        target.status = 0
+        target.state = _FABRIC_STATES[gpu.fabric]
+        target.status = gpu.fabric_status
         target.cliqueId = 0
+        if gpu.cluster_uuid is not None:
+            ctypes.memmove(target.clusterUuid, bytes.fromhex(gpu.cluster_uuid), 16)
