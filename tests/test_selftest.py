@@ -505,6 +505,52 @@ def test_wrong_values_in_all_reduce_perf_fail_the_comparison() -> None:
     assert row.status == "FAIL" and "all_reduce_perf found 5 wrong values at 1G" in row.detail
 
 
+def test_cycles_are_taken_at_their_median_and_a_size_the_launch_gap_dominates_is_not_judged() -> (
+    None
+):
+    text = (FIXTURES / "nccl_tests_2x_h100pcie_nvlink_nccl194_TRUNCATED.txt").read_text()
+    lines = text.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith("  1073741824")]
+    one_gib = lines[rows[0]]
+    # Three cycles of 1G (-N 3): 110, 115.56 and 120 GB/s in place; their median is 115.56.
+    cycles = [one_gib.replace("115.56      0", f"{v:6.2f}      0") for v in (110.0, 120.0)]
+    text = "\n".join(lines[: rows[0] + 1] + cycles + lines[rows[0] + 1 :])
+    # An 8 B row: 12 us per op, so a 20 us launch gap is 8.3 % of a block of 20.
+    small = (
+        "           8             2     float     sum      -1"
+        "    12.10    0.01    0.01      0    12.00    0.01    0.01      0"
+    )
+    text = text.replace(one_gib, f"{small}\n{one_gib}", 1)
+    table = nccl_tests.parse_table(text)
+    spec = spec_of("nccl", sizes="8,1G", devices=("0", "1"))
+    made_up = {8: 0.2e7, 1 << 30: 115.56e9}  # 8 B far off: it must not count
+    ratios = versus.compare(outcome_of(spec, made_up).results, table.rows)
+    assert ratios[1].nccl_tests == pytest.approx(115.56e9)
+    assert ratios[1].time_s == pytest.approx(9291.5e-6)
+    assert ratios[0].gap_share == pytest.approx(20e-6 / (20 * 12e-6))
+    row = versus.comparison_row(ratios)
+    assert row.status == "PASS", row.detail
+    assert row.detail.startswith("8 not judged: the launch gap is 8.3% of a block there; 1G ")
+    assert row.measured == "ratio 1.000 at 1G"
+    alone = versus.comparison_row(ratios[:1])
+    assert alone.status == "SKIP" and alone.detail.startswith("no size where the launch gap")
+
+
+def test_all_reduce_perf_is_given_the_nccl_torch_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library = tmp_path / "site" / "nvidia" / "nccl" / "lib"
+    library.mkdir(parents=True)
+    (library / "libnccl.so.2").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/site/lib")
+    for name in [m for m in sys.modules if m == "nvidia" or m.startswith("nvidia.")]:
+        monkeypatch.delitem(sys.modules, name)
+    spec = spec_of("nccl", sizes="1G", devices=("0", "1"))
+    assert versus.torch_nccl_dir() == library
+    assert versus.environment(spec)["LD_LIBRARY_PATH"] == f"{library}:/opt/site/lib"
+
+
 FAKE_ALL_REDUCE_PERF = """\
 #!{python}
 # Replays the published 8x H100 run (tests/fixtures) at the size asked, as all_reduce_perf would.
@@ -542,7 +588,7 @@ def test_all_reduce_perf_runs_one_size_at_a_time_on_netmons_gpus(tmp_path: Path)
     assert [c["gpus"] for c in calls] == [",".join(devices)] * 2
     assert calls[0]["argv"] == [
         *("-b", str(32 << 20), "-e", str(32 << 20), "-g", "8", "-d", "float", "-o", "sum"),
-        *("-w", "5", "-n", "100", "-c", "1"),
+        *("-w", "5", "-n", "5", "-N", "20", "-c", "1"),
     ]
     two = spec_of("nccl", sizes="32M", devices=devices[:2])
     with pytest.raises(versus.NcclTestsError, match="ran 8 ranks, not 2"):
@@ -603,8 +649,12 @@ def test_the_gpu_sequence_with_probes_replayed(
     assert all(s.cuda_devices == devices and s.check for s in ran)
     paths = ran[len(OPS) : len(OPS) + 3]
     assert [s.path for s in paths] == ["pcie", "ring", "tree"]
+    # nccl-tests: an all_reduce run of its own, timed as all_reduce_perf times (blocks of 20).
+    versus_run = ran[len(OPS) + 3]
+    assert (versus_run.op, versus_run.batch, versus_run.iters) == ("all_reduce", 20, 10)
+    assert versus_run.cuda_graph == "off"
     # Verdict noise: the all_reduce run again, 4 more times, on the same GPUs.
-    again = ran[len(OPS) + 3 :]
+    again = ran[len(OPS) + 4 :]
     assert len(again) == checks.NOISE_RUNS - 1
     assert all(s == ran[0] for s in again), "not the op all_reduce run's own spec"
     assert dict(ran[len(OPS)].env)["NCCL_P2P_DISABLE"] == "1"
