@@ -148,3 +148,33 @@ def test_without_the_check_container_pids_would_preempt_every_probe(
     assert on.readiness.fault is None  # the runner alone, as before the check
     on.runner.run("small")
     assert on.results.snapshot().probes["small"].failures == {"preempted": 1}
+
+
+def test_a_forward_compatibility_package_new_enough_runs_torchs_cuda_on_an_older_driver(
+    tmp_path: Path,
+) -> None:
+    # An R535 node (CUDA 12.2) whose image brings cuda-compat for R580 (CUDA 13.0).
+    assert compat.driver_fault(V("12.2"), V("13.0"), "torch", compat=V("13.0")) is None
+    assert compat.driver_fault(V("12.2"), V("13.0"), "torch", compat=V("12.8")) is not None
+    library = tmp_path / "compat"
+    library.mkdir()
+    for name in ("libcuda.so.1", "libcuda.so", "libnvidia-ptxjitcompiler.so.580.65.06"):
+        (library / name).write_bytes(b"")
+    environ = {"LD_LIBRARY_PATH": f"/nonexistent:{library}"}
+    assert compat.read_compat_cuda(environ) is None  # no versioned libcuda: no package
+    (library / "libcuda.so.580.65.06").write_bytes(b"")
+    assert compat.read_compat_cuda(environ) == (V("13.0"), library / "libcuda.so.580.65.06")
+    (library / "libcuda.so.999.1.2").write_bytes(b"")  # a branch nobody has published
+    assert compat.read_compat_cuda(environ) == (V("13.0"), library / "libcuda.so.580.65.06")
+    assert compat.read_compat_cuda({}) is None
+
+
+def test_a_simulated_node_with_the_package_is_not_refused(tmp_path: Path) -> None:
+    node = _node(tmp_path, driver_cuda="12.2", compat_cuda="13.0")
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "probe", "--simulate", str(node.path), *FLAGS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr

@@ -27,6 +27,16 @@ INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC
 # Driver" table of minor version compatibility): said in the message, not used to decide.
 MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580"}
 
+# The CUDA version each Linux driver branch runs (the CUDA Toolkit release notes, table "CUDA
+# Toolkit and Corresponding Driver Versions"; nvidia-smi's "CUDA Version"): how the forward
+# compatibility package's libcuda.so.<driver version> says which CUDA it brings.
+BRANCH_CUDA = {
+    450: "11.0", 455: "11.1", 460: "11.2", 465: "11.3", 470: "11.4", 495: "11.5", 510: "11.6",
+    515: "11.7", 520: "11.8", 525: "12.0", 530: "12.1", 535: "12.2", 545: "12.3", 550: "12.4",
+    555: "12.5", 560: "12.6", 565: "12.7", 570: "12.8", 575: "12.9", 580: "13.0",
+}  # fmt: skip
+_COMPAT_LIB = re.compile(r"^libcuda\.so\.(\d+)\.\d+(?:\.\d+)?$")
+
 PidNamespace = Literal["host", "container"]
 # Skip reasons of their own (netmon_probe_skips_total): a node that cannot run ranks at all.
 FAULT_REASONS = ("cuda_driver", "pid_namespace")
@@ -62,13 +72,19 @@ class Fault:
 
 
 def driver_fault(
-    driver: CudaVersion | None, torch_cuda: CudaVersion | None, torch: str
+    driver: CudaVersion | None,
+    torch_cuda: CudaVersion | None,
+    torch: str,
+    compat: CudaVersion | None = None,
 ) -> Fault | None:
     """A driver whose CUDA major release is older than torch's build cannot run it: the CUDA
     runtime refuses at its first call (cudaErrorInsufficientDriver). An older minor release of
-    the same major runs under minor version compatibility, so it passes. Unknown either way:
-    nothing to say."""
+    the same major runs under minor version compatibility, so it passes, and so does an older
+    driver under a forward compatibility package (`compat`: the CUDA its libcuda brings) that is
+    new enough. Unknown either way: nothing to say."""
     if driver is None or torch_cuda is None or driver.major >= torch_cuda.major:
+        return None
+    if compat is not None and compat.major >= torch_cuda.major:
         return None
     need = MIN_DRIVER.get(torch_cuda.major)
     newer = f"R{need} or newer" if need else f"one for CUDA {torch_cuda.major}"
@@ -127,6 +143,31 @@ def read_driver_cuda(nvml: Any = None) -> CudaVersion | None:
     return CudaVersion.from_nvml(value) if value > 0 else None
 
 
+def read_compat_cuda(
+    environ: dict[str, str] | None = None,
+) -> tuple[CudaVersion, Path] | None:
+    """The CUDA a forward compatibility package brings (the cuda-compat package's libcuda.so.<driver
+    version>, in a directory of LD_LIBRARY_PATH, which the ranks inherit), and where it lies; the
+    newest found, or None. A simulated node says what its node file says."""
+    node = sim.active()
+    if node is not None:
+        said = node.current().compat_cuda
+        return (CudaVersion.parse(said), node.path) if said else None
+    found: list[tuple[CudaVersion, Path]] = []
+    paths = (environ if environ is not None else os.environ).get("LD_LIBRARY_PATH", "")
+    for directory in filter(None, paths.split(os.pathsep)):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            match = _COMPAT_LIB.match(name)
+            cuda = BRANCH_CUDA.get(int(match.group(1))) if match else None
+            if cuda is not None:
+                found.append((CudaVersion.parse(cuda), Path(directory) / name))
+    return max(found, default=None)
+
+
 def read_torch_cuda(version_py: Path | None = None) -> tuple[CudaVersion | None, str]:
     """The CUDA version the installed torch was built for (torch/version.py, read without
     importing torch), and torch's name for messages. A simulated node says what its node file
@@ -156,4 +197,5 @@ def node_fault() -> Fault | None:
     if found is not None:
         return found
     torch_cuda, torch = read_torch_cuda()
-    return driver_fault(read_driver_cuda(), torch_cuda, torch)
+    compat = read_compat_cuda()
+    return driver_fault(read_driver_cuda(), torch_cuda, torch, compat[0] if compat else None)

@@ -150,6 +150,9 @@ class NodeFile(_Frozen):
     driver_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
     torch_cuda: str | None = Field("13.0", pattern=r"^\d+\.\d+$")
     pid_namespace: Literal["host", "container"] = "host"
+    # The CUDA a forward compatibility package in the ranks' library path brings (cuda-compat's
+    # libcuda), over an older driver: None, none is installed.
+    compat_cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
     # NVML calls made on no GPU that fail (nvmlInit, nvmlDeviceGetCount, ...), as `nvml_errors`
     # of a GPU: {"nvmlInit": "driver_not_loaded"}.
     nvml_errors: NvmlErrors = {}
