@@ -89,6 +89,7 @@ class ProbeConfig(_Strict):
     timeout: float = Field(300.0, gt=0)
     dtype: DTypeName = "float32"
     warmup: int = Field(5, ge=0)
+    warmup_s: float | None = Field(None, ge=0, le=60)  # GPUs: 0.1 s (probe.build), 0 for none
     iters: int = Field(20, ge=1)
     batch: int = Field(5, ge=1)
     timing: Timing = "batched"

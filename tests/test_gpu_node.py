@@ -593,7 +593,7 @@ def test_the_default_daemon_on_a_simulated_dgx_never_takes_its_own_ranks_for_a_j
         in text
     )
     series = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert len(series) < 500, len(series)  # tests/test_cardinality.py: 458 at most
+    assert len(series) < 500, len(series)  # tests/test_cardinality.py: 466 at most
 
 
 def test_a_pair_sweep_that_comes_due_while_a_collective_runs_waits_for_it(
@@ -647,7 +647,11 @@ def test_a_shared_node_never_takes_its_own_probes_for_jobs(
         daemon.stop()
     snapshot = daemon.results.snapshot()
     skips = {p: s.skips for p, s in snapshot.probes.items()}
-    failures = {p: s.failures for p, s in snapshot.probes.items()}
+    # The test's own stop ends the run in flight then, if any (`shutdown`): nothing else fails.
+    failures = {
+        p: {r: n for r, n in s.failures.items() if (r, n) != ("shutdown", 1)}
+        for p, s in snapshot.probes.items()
+    }
     assert not [r for s in skips.values() for r, n in s.items() if n and r.startswith("gpu_")]
     pair_skips = {k: n for k, n in snapshot.pair_skips.items() if n}
     assert not [k for k in pair_skips if k[1].startswith("gpu_")], pair_skips

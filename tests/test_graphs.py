@@ -90,7 +90,7 @@ def test_a_capture_refused_on_any_rank_sends_every_rank_eager_with_the_reason() 
 def test_each_choice_is_logged_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="netmon.probe.graphs")
     result = SizeResult.of_samples(NCCL, 8, 2, [1e-5] * 3, [[1e-5] * 3] * 2, None)
-    graph = result.timed({"timing_path": "graph", "timing_why": "one CUDA graph of 5 ops"})
+    graph = result.reported({"timing_path": "graph", "timing_why": "one CUDA graph of 5 ops"})
     for _ in range(3):
         graphs.note(NCCL, graph)
     lines = [r.getMessage() for r in caplog.records]
@@ -98,7 +98,7 @@ def test_each_choice_is_logged_once_per_process(caplog: pytest.LogCaptureFixture
         "all_reduce 8 B (default path) timed from a CUDA graph: one CUDA graph of 5 ops"
     ]
     # A rank of an older netmon says nothing: eager.
-    assert result.timed({}).timing_path == "eager"
+    assert result.reported({}).timing_path == "eager"
 
 
 def _probe(node: Path, *flags: str) -> tuple[dict[int, dict[str, Any]], str]:
@@ -177,3 +177,50 @@ def test_gloo_on_cpu_is_eager() -> None:
     (result,) = json.loads(done.stdout)["results"]
     assert result["timing_path"] == "eager"
     assert result["timing_why"] == "no CUDA graphs without NCCL on a GPU"
+    assert result["sm_clock_hz"] is None  # CPU ranks have no SM clock
+
+
+def test_gpu_probes_warm_up_for_a_tenth_of_a_second_by_default_and_cpu_probes_not() -> None:
+    from netmon.config import NetmonConfig, ProbeConfig
+    from netmon.probe.build import build_spec
+
+    probe = ProbeConfig(name="small", sizes=(8,))
+    gpu = NetmonConfig(backend="nccl", devices=("0", "1"))
+    assert build_spec(probe, gpu).warmup_s == 0.1
+    assert build_spec(probe, NetmonConfig(backend="gloo")).warmup_s == 0.0
+    off = probe.model_copy(update={"warmup_s": 0.0})
+    assert build_spec(off, gpu).warmup_s == 0.0
+
+
+def test_gpu_ranks_warm_up_by_time_and_report_their_sm_clock() -> None:
+    by_size, _ = _probe(NODE, "--sizes", "8,64K", "--warmup", "1", "--warmup-s", "1.5")
+    # Measured while the ranks' kernels ran: the simulated GPUs' boost clock, not the idle one.
+    assert {r["sm_clock_hz"] for r in by_size.values()} == {1980e6}
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "probe", "--simulate", str(NODE), "--ranks", "2",
+         "--sizes", "8", "--iters", "2", "--warmup", "1", "--warmup-s", "1.5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (probe,) = json.loads(done.stdout)["probes"]
+    assert probe["wall_s"] >= 1.5, probe
+    assert probe["spec"]["warmup_s"] == 1.5
+
+
+def test_an_idle_gpus_clock_is_its_idle_clock_and_a_lost_one_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from netmon.gpu.clocks import SmClock
+    from tests.gpu_node import dgx_h100
+
+    node = dgx_h100(tmp_path)
+    node.document["gpus"][1]["nvml_errors"] = {"nvmlDeviceGetClockInfo": "gpu_is_lost"}
+    node.write()
+    node.activate(monkeypatch)
+    assert SmClock(node.uuid(0)).read_mhz() == 345
+    assert SmClock("0").read_mhz() == 345
+    lost = SmClock(node.uuid(1))
+    assert lost.read_mhz() is None and lost.read_mhz() is None
+    assert SmClock("").read_mhz() is None

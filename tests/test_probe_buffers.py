@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from netmon.bandwidth import buffers_for
 from netmon.probe.spec import ProbeSpec
-from netmon.probe.worker import Collective
+from netmon.probe.collective import Collective
 
 rank, world, path, runs = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 ops = sys.argv[5].split(",")

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from netmon.bandwidth import OPS, OpName, buffer_budget, buffers_for
+from netmon.probe.collective import Collective
 from netmon.probe.spec import ProbeSpec
-from netmon.probe.worker import Collective
 
 
 @dataclass

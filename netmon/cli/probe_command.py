@@ -34,6 +34,7 @@ _FLAG_OF_FIELD = {
     "sizes": "--sizes",
     "dtype": "--dtype",
     "warmup": "--warmup",
+    "warmup_s": "--warmup-s",
     "iters": "--iters",
     "batch": "--batch",
     "chunks": "--chunks",
@@ -73,6 +74,11 @@ def add_parser(commands: Any) -> None:
     probe.add_argument("-f", "--stepfactor", type=int, default=2, help="sweep factor (default 2)")
     probe.add_argument("-n", "--iters", type=int, default=20, help="timed samples per size")
     probe.add_argument("-w", "--warmup", type=int, default=5, help="warm-up ops per size")
+    probe.add_argument(
+        "--warmup-s",
+        type=float,
+        help="on GPUs, warm the first size up for at least this long (default 0.1 s; 0: none)",
+    )
     probe.add_argument(
         "--batch",
         type=int,
@@ -303,6 +309,7 @@ def _request(args: argparse.Namespace) -> Request:
         sizes=_sizes(args, backend),
         dtype=args.dtype,
         warmup=args.warmup,
+        warmup_s=args.warmup_s,
         iters=args.iters,
         batch=args.batch,
         timing="per_op" if args.per_op else "batched",

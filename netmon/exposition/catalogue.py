@@ -131,6 +131,8 @@ CATALOGUE: tuple[Family, ...] = (
            "Time per op, median over samples", "probes"),
     Family("series", "netmon_latency_variation_ratio", "gauge", "ratio", _SERIES,
            "Coefficient of variation of the time per op", "probes"),
+    Family("series", "netmon_sm_clock_hertz", "gauge", "hertz", _SERIES,
+           "Lowest SM clock of the probe's GPUs right after the measured loop (NVML)", "probes"),
     Family("series", "netmon_measurement_timestamp_seconds", "gauge", "seconds", _SERIES,
            "When this value was measured", "probes"),
     Family("series", "netmon_busbw_baseline_bytes_per_second", "gauge", "bytes_per_second", _SERIES,

@@ -48,9 +48,10 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
         "netmon_busbw_baseline_ratio",
         "netmon_degraded",
         "netmon_busbw_threshold_bytes_per_second",
+        "netmon_sm_clock_hertz",
     )
     families = [family(name, snapshot) for name in names]
-    busbw, algbw, latency, spread, measured, baseline, ratio, degraded, threshold = families
+    busbw, algbw, latency, spread, measured, baseline, ratio, degraded, threshold, clock = families
     explained = list(verdict_families(snapshot))
     for point in snapshot.series:
         labels = point.labels()
@@ -61,7 +62,13 @@ def series_families(snapshot: Snapshot) -> Iterator[Metric]:
         measured.add_metric(labels, point.measured_at)
         degraded.add_metric(labels, 1.0 if point.degraded else 0.0)
         add_known(
-            labels, ((baseline, point.baseline), (ratio, point.ratio), (threshold, point.min_busbw))
+            labels,
+            (
+                (baseline, point.baseline),
+                (ratio, point.ratio),
+                (threshold, point.min_busbw),
+                (clock, point.sm_clock_hz),
+            ),
         )
     for restored in snapshot.restored:
         degraded.add_metric(restored.labels(), 1.0 if restored.degraded else 0.0)

@@ -53,6 +53,7 @@ class SeriesPoint:
     judged_at: float | None = None
     # (mode, share) of the ranks' CPUs taken by irq, softirq and steal meanwhile: shown only.
     cpu_modes: tuple[tuple[str, float], ...] = ()
+    sm_clock_hz: float | None = None  # the ranks' GPUs' lowest SM clock right after measuring
     # The long level and the line it is judged by against the reference, whether the reference
     # is learned over a day yet, low or noisy results among the last flap_window, since when the
     # series is degraded and how often it turned since the daemon started (netmon.baseline).
@@ -260,6 +261,7 @@ def series_points(
                 **_verdict_fields(verdict),
                 foreign_cpu=result.foreign_cpu_share,
                 cpu_modes=tuple(result.cpu_modes.items()),
+                sm_clock_hz=result.sm_clock_hz,
             )
         )
     return tuple(points)

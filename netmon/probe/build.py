@@ -16,6 +16,10 @@ from netmon.topology.model import Topology
 # Placeholders the rank wrapper may use: {rank} (global rank), {gpu} (the rank's GPU, or its
 # rank slot for CPU ranks) and {numa} (the NUMA node nearest that GPU, from the topology).
 PLACEHOLDERS = ("rank", "gpu", "numa")
+# A probe's first size on GPUs warms up for at least this long unless its `warmup_s` says
+# otherwise: GPU Boost raises an idle GPU's clock only under load that lasts, and a few ops of
+# 8 B take microseconds (docs/FACTS.md, "Timing small sizes").
+GPU_WARMUP_S = 0.1
 
 
 class SpecError(ValueError):
@@ -72,6 +76,7 @@ def build_spec(
         sizes=probe.sizes,
         dtype=probe.dtype,
         warmup=probe.warmup,
+        warmup_s=_warmup_s(probe, backend),
         iters=probe.iters,
         batch=probe.batch,
         timing=probe.timing,
@@ -96,6 +101,12 @@ def build_spec(
         or intent(path, all_nvlink_between(topology, devices)),
     )
     return spec.model_copy(update={"deadlines": spec.deadlines.capped(probe.timeout)})
+
+
+def _warmup_s(probe: ProbeConfig, backend: str) -> float:
+    if probe.warmup_s is not None:
+        return probe.warmup_s
+    return GPU_WARMUP_S if backend == "nccl" else 0.0
 
 
 def without_p2p(topology: Topology | None, devices: Sequence[str]) -> dict[str, str]:

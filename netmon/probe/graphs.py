@@ -1,4 +1,4 @@
-"""Small sizes timed from CUDA graphs (docs/PROBES.md, "Timing from CUDA graphs").
+"""Small sizes timed from CUDA graphs (docs/FACTS.md, "Timing small sizes").
 
 At 8 B-1 MiB an NCCL kernel runs for microseconds, while each `dist.all_reduce` call costs tens
 of microseconds of host time (its Work object, events, stream waits): a batch of eager calls

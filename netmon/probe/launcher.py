@@ -317,7 +317,7 @@ class Launcher:
         result = SizeResult.of_samples(
             spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok"), cpu
         )
-        result = result.carrying(event.get("carried_bytes")).timed(event)
+        result = result.carrying(event.get("carried_bytes")).reported(event)
         graphs.note(spec, result)
         self._results.append(result)
         if result.check_ok is False:

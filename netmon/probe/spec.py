@@ -84,6 +84,9 @@ class ProbeSpec(_Frozen):
     sizes: tuple[int, ...] = (8, 1 << 20)
     dtype: DTypeName = "float32"
     warmup: int = Field(5, ge=0)
+    # On GPUs, the first size's warm-up goes on until this long has passed (an idle GPU's clock
+    # rises only under load that lasts): seconds, 0 for none.
+    warmup_s: float = Field(0.0, ge=0, le=60)
     iters: int = Field(20, ge=1, description="timed samples per size")
     batch: int = Field(5, ge=1, description="back-to-back ops per sample in batched timing")
     timing: Timing = "batched"
@@ -211,6 +214,9 @@ class SizeResult(_Frozen):
     # why eager where a graph was possible in principle (None when no reason to say).
     timing_path: Literal["graph", "eager"] = "eager"
     timing_why: str | None = None
+    # The lowest SM clock of the ranks' GPUs right after the measured loop, in Hz (NVML's
+    # current SM clock); None on CPU ranks or where NVML cannot say.
+    sm_clock_hz: float | None = None
 
     @classmethod
     def of_samples(
@@ -266,11 +272,18 @@ class SizeResult(_Frozen):
             }
         )
 
-    def timed(self, event: Mapping[str, Any]) -> SizeResult:
-        """This result with how its rank timed it (a size event's timing_path and timing_why;
-        a rank of an older netmon sends neither: eager)."""
-        path = event.get("timing_path") or "eager"
-        return self.model_copy(update={"timing_path": path, "timing_why": event.get("timing_why")})
+    def reported(self, event: Mapping[str, Any]) -> SizeResult:
+        """This result with what its ranks reported beside the times: how they timed it
+        (timing_path, timing_why; a rank of an older netmon sends neither: eager) and their
+        GPUs' SM clocks (MHz per rank, -1 unknown; the slowest bounds the collective)."""
+        clocks = [float(c) for c in event.get("sm_clock_mhz") or () if float(c) > 0]
+        return self.model_copy(
+            update={
+                "timing_path": event.get("timing_path") or "eager",
+                "timing_why": event.get("timing_why"),
+                "sm_clock_hz": min(clocks) * 1e6 if clocks else None,
+            }
+        )
 
     @property
     def cpu_modes(self) -> dict[str, float]:

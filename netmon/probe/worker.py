@@ -23,9 +23,11 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import IO, Any
 
-from netmon.bandwidth import Buffers, buffers_for
+from netmon.bandwidth import buffers_for
+from netmon.gpu.clocks import SmClock
 from netmon.listen import listen_on
 from netmon.probe import cpushare, graphs
+from netmon.probe.collective import Collective
 from netmon.probe.processes import CHANNEL_FD, is_loopback
 from netmon.probe.spec import Phase, ProbeSpec
 from netmon.sim import rank as sim_rank
@@ -83,6 +85,8 @@ class Rank:
         self.channel = channel
         self.phase: Phase = "spawn"
         self.simulated = False  # on a simulated GPU node (netmon.sim): gloo, capped buffers
+        self.clock: SmClock | None = None  # this rank's GPU's SM clock, once it has one
+        self.warm = False  # warmed up by time (spec.warmup_s), once per run
 
     def enter(self, phase: Phase, **fields: Any) -> None:
         self.phase = phase
@@ -116,6 +120,8 @@ class Rank:
         # Rank 0 hosts the store: nobody leaves until everybody is done with it.
         self._synchronize(torch, dist, device)
         dist.destroy_process_group()
+        if self.clock is not None:
+            self.clock.close()
         self.channel.send("done")
 
     def _rendezvous(self, dist: Any, stdin: IO[str]) -> Any:
@@ -200,8 +206,10 @@ class Rank:
         sim_rank.kernels(True)
         for _ in range(spec.warmup):
             collective.run(spec.chunks)
-        self._synchronize(torch, dist, device)
         on_gpu = device.type == "cuda" or self.simulated
+        if on_gpu and not self.warm:
+            self._warm_for(torch, dist, device, collective)
+        self._synchronize(torch, dist, device)
         choice = graphs.choose(spec, size, on_gpu, self._nccl_version(torch))
         issue, choice = graphs.issuer(
             torch,
@@ -213,7 +221,7 @@ class Rank:
             sim_rank.capture if self.simulated else None,
         )
         self.enter("measure", size=size)
-        samples, cpu = self._measure(torch, dist, device, issue)
+        samples, cpu, clocks = self._measure(torch, dist, device, issue)
         check_ok: bool | None = None
         if spec.check:
             self.enter("check", size=size)
@@ -231,7 +239,31 @@ class Rank:
                 check_ok=check_ok,
                 timing_path=choice.path,
                 timing_why=choice.why,
+                sm_clock_mhz=clocks,
             )
+
+    def _warm_for(self, torch: Any, dist: Any, device: Any, collective: Collective) -> None:
+        """Go on warming up until spec.warmup_s has passed on every rank, before the first size
+        only: an idle GPU runs at a low clock until its load has lasted a moment, and the ranks
+        agree by a collective when to stop (each one's clock alone could leave one short)."""
+        self.warm = True
+        until = time.monotonic() + self.spec.warmup_s
+        more = torch.ones(1, dtype=torch.int32, device=device)
+        while self.spec.warmup_s > 0:
+            collective.run(self.spec.chunks)
+            more.fill_(1 if time.monotonic() < until else 0)
+            dist.all_reduce(more, op=dist.ReduceOp.MAX)
+            if int(more.item()) == 0:
+                return
+
+    def _sm_clock(self, on_gpu: bool) -> float:
+        """This rank's GPU's SM clock now (MHz), or -1 where it cannot be read (CPU ranks)."""
+        if not on_gpu:
+            return -1.0
+        if self.clock is None:
+            self.clock = SmClock(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+        mhz = self.clock.read_mhz()
+        return -1.0 if mhz is None else float(mhz)
 
     def _reps(self) -> int:
         """Ops per sample: a batch, or one where every op is synchronised."""
@@ -256,10 +288,11 @@ class Rank:
 
     def _measure(
         self, torch: Any, dist: Any, device: Any, issue: Callable[[], None]
-    ) -> tuple[list[list[float]], list[list[float]]]:
-        """Every rank's sample times, and each rank's CPU reading over its measured loop
-        (netmon.probe.cpushare; empty where /proc cannot say). A sample is one `issue`: a batch
-        of ops, eager or one graph replay (netmon.probe.graphs), timed per op."""
+    ) -> tuple[list[list[float]], list[list[float]], list[float]]:
+        """Every rank's sample times, each rank's CPU reading over its measured loop
+        (netmon.probe.cpushare; empty where /proc cannot say), and each rank's GPU's SM clock
+        right after it (MHz, -1 unknown). A sample is one `issue`: a batch of ops, eager or one
+        graph replay (netmon.probe.graphs), timed per op."""
         spec = self.spec
         times = []
         before = cpushare.read()
@@ -271,16 +304,18 @@ class Rank:
                 times.append(self._time_host(issue))
         after = cpushare.read()
         cpu = after.since(before) if before and after else [-1.0] * cpushare.READING_FIELDS
+        clock = self._sm_clock(device.type == "cuda" or self.simulated)
         # Every rank's times and reading, gathered outside the timed region; the launcher
         # combines the times per sample (spec.rank_stat) and keeps each rank's median.
-        row = [*times, *cpu]
+        row = [*times, *cpu, clock]
         mine = torch.tensor(row, dtype=torch.float64, device=device)
         everyone = torch.zeros(len(row) * self.world, dtype=torch.float64, device=device)
         dist.all_gather_into_tensor(everyone, mine)
         flat = [float(v) for v in everyone.cpu().tolist()]
         rows = [flat[r * len(row) : (r + 1) * len(row)] for r in range(self.world)]
         cut = len(times)
-        return [r[:cut] for r in rows], [r[cut:] for r in rows if r[cut + 2] >= 0]
+        readings = [r[cut:-1] for r in rows if r[cut + 2] >= 0]
+        return [r[:cut] for r in rows], readings, [r[-1] for r in rows]
 
     def _time_host(self, issue: Callable[[], None]) -> float:
         start = time.perf_counter()
@@ -300,151 +335,6 @@ class Rank:
         flags = torch.tensor([0 if ok else 1], dtype=torch.int32, device=device)
         dist.all_reduce(flags)
         return int(flags.item()) == 0
-
-
-class Collective:
-    """One op on preallocated buffers, plus a correctness check with known values.
-
-    It allocates only what the op needs (bandwidth.buffer_budget): one buffer for the ops that
-    run in place, whose `recv` is then `send`, and for all_gather_object a host payload and no
-    tensors at all.
-    """
-
-    def __init__(
-        self,
-        torch: Any,
-        dist: Any,
-        spec: ProbeSpec,
-        rank: int,
-        device: Any,
-        buffers: Buffers,
-    ) -> None:
-        self.torch, self.dist, self.spec, self.rank = torch, dist, spec, rank
-        self.world = spec.ranks
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
-            spec.dtype
-        ]
-        self.dtype = dtype
-        # Timed ops run on zeros: all_reduce sums in place, so any other value is multiplied by
-        # the world size on every op and overflows to inf (float32 after 128 ops at 2 ranks,
-        # float16 after 16, sooner at more ranks); a benchmark must not time inf/NaN arithmetic.
-        self.payload = b""
-        if spec.op == "all_gather_object":
-            self.send = self.recv = torch.zeros(0, dtype=dtype, device=device)
-            self.payload = bytes([rank % 256]) * (buffers.in_count * buffers.element_bytes)
-        else:
-            self.send = torch.zeros(buffers.in_count, dtype=dtype, device=device)
-            self.recv = (
-                torch.zeros(buffers.out_count, dtype=dtype, device=device)
-                if buffers.out_count
-                else self.send
-            )
-        self.objects: list[Any] = [None] * self.world
-        self._op = self._bind()
-
-    def run(self, times: int) -> None:
-        for _ in range(times):
-            self._op()
-
-    def _bind(self) -> Callable[[], None]:
-        dist, op = self.dist, self.spec.op
-        if op == "all_reduce":
-            return lambda: dist.all_reduce(self.send)
-        if op == "broadcast":
-            return lambda: dist.broadcast(self.send, src=0)
-        if op == "all_gather":
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            return lambda: gather(self.recv, self.send)
-        if op == "reduce_scatter":
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return lambda: scatter(self.recv, self.send)
-        if op == "alltoall":
-            return lambda: dist.all_to_all_single(self.recv, self.send)
-        if op == "sendrecv":
-            return self._sendrecv()
-        if op == "all_gather_object":
-            return lambda: dist.all_gather_object(self.objects, self.payload)
-        raise ValueError(f"unknown op {op}")
-
-    def _sendrecv(self) -> Callable[[], None]:
-        # nccl-tests' sendrecv: every rank sends to the next and receives from the previous. The
-        # send and the receive go in one batch, which torch issues as one NCCL group: NCCL may
-        # hold a send until the peer's receive is posted in the same group, so two separate calls
-        # can hang the ring (docs/FACTS.md, "Point-to-point"). Gloo takes the batch too.
-        dist = self.dist
-        peer_to, peer_from = (self.rank + 1) % self.world, (self.rank - 1) % self.world
-        batch = [
-            dist.P2POp(dist.isend, self.send, peer_to),
-            dist.P2POp(dist.irecv, self.recv, peer_from),
-        ]
-
-        def exchange() -> None:
-            for request in dist.batch_isend_irecv(batch):
-                request.wait()
-
-        return exchange
-
-    def verify(self) -> bool:
-        ok = self._verify()
-        # The check leaves known nonzero values behind; any op timed after it would grow them.
-        self.send.zero_()
-        self.recv.zero_()
-        return ok
-
-    def _verify(self) -> bool:
-        # Known values in, expected values out, checked block by block through their minimum and
-        # maximum: no temporary as large as a buffer, so a check stays within the op's budget.
-        n, r = self.world, self.rank
-        op = self.spec.op
-        if op == "all_gather_object":
-            self.payload = bytes([r % 256]) * len(self.payload)
-            self._op()
-            return all(self.objects[j] == bytes([j % 256]) * len(self.payload) for j in range(n))
-        if op == "sendrecv":
-            self.send.fill_(r + 1)
-            self._op()
-            return self._holds(self.recv, [(r - 1) % n + 1])
-        if op == "broadcast":
-            self.send.fill_(7 if r == 0 else 0)
-            self._op()
-            return self._holds(self.send, [7])
-        if op == "all_reduce":
-            self.send.fill_(r + 1)
-            self._op()
-            return self._holds(self.send, [n * (n + 1) // 2])
-        if op == "all_gather":
-            self.send.fill_(r + 1)
-            self._op()
-            return self._holds(self.recv, [j + 1 for j in range(n)])
-        if op == "reduce_scatter":
-            # Block j of rank r holds r + 1 + j; rank r receives block r summed over ranks.
-            self._fill_blocks(self.send, [r + 1 + j for j in range(n)])
-            self._op()
-            return self._holds(self.recv, [n * (n + 1) // 2 + n * r])
-        if op == "alltoall":
-            # Block j of rank r, sent to rank j, holds r * n + j.
-            self._fill_blocks(self.send, [r * n + j for j in range(n)])
-            self._op()
-            return self._holds(self.recv, [j * n + r for j in range(n)])
-        raise ValueError(f"no check for {op}")
-
-    @staticmethod
-    def _fill_blocks(tensor: Any, values: list[int]) -> None:
-        for block, value in zip(tensor.view(len(values), -1), values, strict=True):
-            block.fill_(value)
-
-    @staticmethod
-    def _holds(tensor: Any, values: list[int]) -> bool:
-        """Whether block j of the tensor holds values[j] everywhere, to 1% (bfloat16 sums round).
-
-        Every element lies between its block's min and max, so both within the tolerance means all
-        are; a NaN makes them NaN, which fails.
-        """
-        low, high = tensor.view(len(values), -1).aminmax(dim=1)
-        return all(
-            abs(lo - value) <= 1e-2 * value and abs(hi - value) <= 1e-2 * value
-            for lo, hi, value in zip(low.tolist(), high.tolist(), values, strict=True)
-        )
 
 
 def main() -> None:

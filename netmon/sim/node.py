@@ -111,6 +111,9 @@ class SimGpu(_Frozen):
     # Processes": "no_permission"} (a container without the right capabilities), or
     # "gpu_is_lost" on nvmlDeviceGetUUID or nvmlDeviceGetHandleByIndex (a GPU fallen off the bus).
     nvml_errors: NvmlErrors = {}
+    # The SM clock NVML reports (MHz): under load (an H100 SXM boosts to 1980) and idle.
+    sm_clock_mhz: int = Field(1980, gt=0)
+    idle_sm_clock_mhz: int = Field(345, gt=0)
     # Its NVLink fabric registration (nvmlDeviceGetGpuFabricInfoV) on an NVSwitch node: the state,
     # the status once completed (an nvmlReturn_t: 0 registered), and the multi-node NVLink
     # domain's cluster UUID (32 hex digits; none: a single-node fabric).

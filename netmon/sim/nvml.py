@@ -107,6 +107,22 @@ class SimulatedNvml:
 
     # ---- identity and load ----
 
+    def _nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> _Handle:
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for index, gpu in enumerate(self.node.current().gpus):
+            if gpu.uuid == wanted:
+                return _Handle(index)
+        raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def _nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
+        """The SM clock (MHz): the boost clock while kernels run on the GPU, the idle one
+        otherwise, as GPU Boost raises it under load and lets it fall when idle."""
+        gpu = self._gpu(handle)
+        if type != pynvml.NVML_CLOCK_SM:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        busy = self.node.utilization(gpu.uuid) > 0
+        return gpu.sm_clock_mhz if busy else gpu.idle_sm_clock_mhz
+
     def _nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         return self._gpu(handle).uuid
 
