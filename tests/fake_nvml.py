@@ -137,6 +137,11 @@ class IdleNvml(FakeNvml):
     def _nvmlDeviceGetComputeMode(self, handle: int) -> int:
         return 0 if handle == 0 else 3
 
+    def _nvmlDeviceGetMinorNumber(self, handle: int) -> int:
+        if handle == 1:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as unanswered stays unknown
+        return handle
+
 
 class TopologyNvml(FakeNvml):
     """pynvml as read_topology uses it, for the machine of tests/fixtures/

@@ -82,9 +82,10 @@ class SimNode:
         self.job_leaves(gpu)
         wait_for(lambda: self.read()[gpu].utilization == 0 or None, 5, f"GPU {gpu} idle", 0.05)
 
-    def pod_given(self, gpu: int, pod: str, phase: str = "Running") -> None:
+    def pod_given(self, gpu: int, pod: str, phase: str = "Running", **how: Any) -> None:
+        """A pod the kubelet gave the GPU to; `how`: the node file's `via` and `dra_fields`."""
         self.document.setdefault("pods", []).append(
-            {"gpu": self.uuid(gpu), "pod": pod, "phase": phase}
+            {"gpu": self.uuid(gpu), "pod": pod, "phase": phase, **how}
         )
         self.write()
 

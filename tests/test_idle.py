@@ -402,6 +402,7 @@ def test_nvml_source_reads_and_degrades() -> None:
         memory_used=5 * MiB,
         compute_pids=(321,),
         process_memory=(2 * MiB,),
+        minor=0,
     )
     assert second == GpuReading(
         index=1,
@@ -410,7 +411,7 @@ def test_nvml_source_reads_and_degrades() -> None:
         memory_used=600 * MiB,  # v1, after v2 was refused
         compute_pids=(),
         compute_mode="exclusive_process",
-        processes_known=False,
+        processes_known=False,  # and its minor number unanswered: None
     )
     assert fake.times_called("nvmlInit") == 1
     assert fake.shutdowns == 1

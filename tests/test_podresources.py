@@ -19,13 +19,16 @@ from netmon.gpu.podresources import (
     ContainerDevices,
     ContainerResources,
     DecodeError,
+    DraDevice,
     PodPhase,
     PodPhases,
     PodResources,
     decode_list_response,
     decode_pod_list,
     device_uuid,
+    dra_minor,
     gpu_allocations,
+    nvidia_gpu,
 )
 from tests.fake_kubelet import FUTURE, PB, pod_list, response, serialize
 
@@ -77,6 +80,16 @@ def _expected(message: Any) -> tuple[PodResources, ...]:
                         ContainerDevices(d.resource_name, tuple(d.device_ids))
                         for d in container.devices
                     ),
+                    tuple(
+                        DraDevice(
+                            f"{claim.claim_namespace}/{claim.claim_name}",
+                            resource.driver_name,
+                            resource.device_name,
+                            tuple(cdi.name for cdi in resource.cdi_devices),
+                        )
+                        for claim in container.dynamic_resources
+                        for resource in claim.claim_resources
+                    ),
                 )
                 for container in pod.containers
             ),
@@ -115,7 +128,15 @@ def test_pods_containers_and_devices_decode_as_protobuf_encoded_them() -> None:
         "train-0",
         "ml",
         (
-            ContainerResources("trainer", (ContainerDevices("nvidia.com/gpu", (U0, U1)),)),
+            ContainerResources(
+                "trainer",
+                (ContainerDevices("nvidia.com/gpu", (U0, U1)),),
+                (
+                    DraDevice(
+                        "ml/gpu-claim", "gpu.example.com", "gpu-0", ("example.com/gpu=gpu-0",)
+                    ),
+                ),
+            ),
             ContainerResources("sidecar", ()),
         ),
     )
@@ -399,3 +420,66 @@ def test_netmons_own_pod_is_left_out_whatever_its_phase() -> None:
     phases = PodPhases.of([PodPhase("ml", "netmon-x7k2p", "Succeeded")])
     found = gpu_allocations([_holding("netmon-x7k2p", U0)], ("ml", "netmon-x7k2p"), phases)
     assert not found and found.finished == ()
+
+
+def _claimed(devices: list[tuple[str, str, list[str]]]) -> Any:
+    """One pod whose container holds DRA devices: [(driver, device name, CDI names)]."""
+    message = response([("ml", "dra", [("main", [])])])
+    container = message.pod_resources[0].containers[0]
+    claim = container.dynamic_resources.add(claim_name="gpus", claim_namespace="ml")
+    for driver, device, cdi in devices:
+        resource = claim.claim_resources.add(driver_name=driver, device_name=device)
+        for name in cdi:
+            resource.cdi_devices.add(name=name)
+    return message
+
+
+def test_nvidias_dra_devices_are_held_by_minor_number_and_others_are_not_gpus() -> None:
+    uid = "0b1c2d3e-aaaa-4bbb-8ccc-123456789abc"
+    message = _claimed(
+        [
+            ("gpu.nvidia.com", "gpu-3", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-3"]),
+            ("gpu.nvidia.com", "gpu-4-mig-1g10gb-19-0", []),
+            ("", "", [f"k8s.gpu.nvidia.com/claim={uid}-gpu-6"]),  # a kubelet before 1.31
+            ("gpu.nvidia.com", "gpu-vfio-1", []),  # a VFIO passthrough: which GPU is not said
+            ("compute-domain.nvidia.com", "channel-0", []),  # an IMEX channel: no GPU
+            ("gpu.example.com", "gpu-0", ["example.com/gpu=gpu-0"]),  # another vendor's
+        ]
+    )
+    held = gpu_allocations(decode_list_response(serialize(message)))
+    assert sorted(held.minors) == [3, 4, 6]
+    assert str(held.minors[3]) == "pod ml/dra container main (DRA gpu.nvidia.com gpu-3)"
+    assert [a.device_id for a in held.unmapped] == ["gpu-vfio-1"]
+    assert held.gpus == {} and held.mig == ()
+
+
+@pytest.mark.parametrize(
+    ("device", "minor"),
+    [
+        (DraDevice("ml/c", "gpu.nvidia.com", "gpu-0"), 0),
+        (DraDevice("ml/c", "gpu.nvidia.com", "gpu-12-mig-3g40gb-9-4"), 12),
+        (DraDevice("ml/c", "", "", ("k8s.gpu.nvidia.com/claim=u-1-gpu-7",)), 7),
+        (DraDevice("ml/c", "gpu.nvidia.com", "gpu-vfio-2"), None),
+        (DraDevice("ml/c", "gpu.nvidia.com", "mygpu-x"), None),
+    ],
+)
+def test_the_minor_is_read_from_nvidias_names(device: DraDevice, minor: int | None) -> None:
+    assert nvidia_gpu(device)
+    assert dra_minor(device) == minor
+
+
+def test_a_gpu_without_a_minor_number_is_held_when_dra_holds_any() -> None:
+    from netmon.gpu.idle import GpuReading, with_allocations
+
+    held = gpu_allocations(
+        decode_list_response(serialize(_claimed([("gpu.nvidia.com", "gpu-1", [])])))
+    )
+    readings = [
+        GpuReading(index=0, uuid="GPU-a", utilization=0, memory_used=0, compute_pids=(), minor=0),
+        GpuReading(index=1, uuid="GPU-b", utilization=0, memory_used=0, compute_pids=(), minor=1),
+        GpuReading(index=2, uuid="GPU-c", utilization=0, memory_used=0, compute_pids=()),
+    ]
+    marked = {r.index: r.allocated_to for r in with_allocations(readings, held)}
+    assert marked[0] is None
+    assert marked[1] == "pod ml/dra container main (DRA gpu.nvidia.com gpu-1)"
+    assert marked[2] is not None and "NVML gives this GPU no minor number" in marked[2]

@@ -239,6 +239,32 @@ def test_the_node_files_pods_reach_the_kubelet_guard_with_their_phase(
     assert "jobs/train-0" in str(held[5]) and "Running" in str(held[5])
 
 
+@pytest.mark.parametrize("dra_fields", [True, False], ids=["kubelet 1.31+", "CDI names only"])
+def test_gpus_given_by_nvidias_dra_driver_are_held_by_their_minor_number(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dra_fields: bool
+) -> None:
+    """A GPU allocated through DRA is named by NVIDIA's DRA driver as "gpu-<minor>", not by
+    UUID: the guard finds it by NVML's minor number, which need not be its index."""
+    from netmon.gpu.idle import IdlePolicy
+    from netmon.gpu.nvml import NvmlSource
+    from netmon.sim.kubelet import simulated_guard
+
+    node = dgx_h100(tmp_path)
+    # Minors in reverse order of the indices: a guard that took "gpu-N" for index N would hold
+    # the wrong GPU.
+    for index, gpu in enumerate(node.document["gpus"]):
+        gpu["minor"] = 7 - index
+    node.write()
+    node.activate(monkeypatch)
+    guard = simulated_guard(NvmlSource(), IdlePolicy, node.sim, ("netmon", "netmon-abc"))
+    node.pod_given(2, "jobs/train-0", via="dra", dra_fields=dra_fields)
+    node.pod_given(3, "jobs/done-1", phase="Succeeded", via="dra", dra_fields=dra_fields)
+    held = {r.index: r.allocated_to for r in guard.read() if r.allocated_to}
+    assert list(held) == [2], held
+    assert "jobs/train-0" in str(held[2]) and "DRA gpu.nvidia.com" in str(held[2])
+    assert ("gpu-5" if dra_fields else "-gpu-5") in str(held[2])
+
+
 def test_the_daemon_counts_its_grandchildren_as_its_own_and_nothing_else(tmp_path: Path) -> None:
     """Ranks forked by the rank zygote are the daemon's grandchildren; a process that left our
     tree (started by us, then orphaned: a job's detached launcher) is not the daemon's."""

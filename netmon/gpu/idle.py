@@ -154,6 +154,9 @@ class GpuReading:
     # device plugin gave this GPU to, or why the kubelet could not say.
     allocated_to: str | None = None
     allocation_error: str | None = None
+    # The GPU's minor number (/dev/nvidia<minor>), by which NVIDIA's DRA driver names it
+    # ("gpu-<minor>"); None where NVML cannot say.
+    minor: int | None = None
 
     def name(self) -> str:
         return f"GPU {self.index} ({self.uuid})"
@@ -336,7 +339,12 @@ def with_allocations(
     marked = []
     for reading in readings:
         holder = allocations.gpus.get(reading.uuid.lower())
+        if holder is None and reading.minor is not None:
+            holder = allocations.minors.get(reading.minor)
         why = ""
+        if holder is None and reading.minor is None and allocations.minors:
+            holder = next(iter(allocations.minors.values()))
+            why = f" (DRA device {holder.device_id}: NVML gives this GPU no minor number)"
         if holder is None and reading.mig_enabled and allocations.mig:
             holder = allocations.mig[0]
             why = f" (MIG device {holder.device_id}: the kubelet does not say on which GPU)"

@@ -203,6 +203,7 @@ def reading_from_raw(
     processes: Sequence[RawProcess] | None,
     mig_mode: Sequence[int] | None,
     compute_mode: int | None,
+    minor: int | None = None,
 ) -> GpuReading:
     """A GpuReading from pynvml's return values; None for each call NVML could not answer.
 
@@ -229,6 +230,7 @@ def reading_from_raw(
         compute_mode=mode,
         process_memory=process_memory,
         processes_known=processes is not None,
+        minor=None if minor is None else int(minor),
     )
 
 
@@ -281,6 +283,7 @@ class NvmlSource:
                         processes=self._ask(nv.nvmlDeviceGetComputeRunningProcesses, handle),
                         mig_mode=self._ask(nv.nvmlDeviceGetMigMode, handle),
                         compute_mode=self._ask(nv.nvmlDeviceGetComputeMode, handle),
+                        minor=self._ask(nv.nvmlDeviceGetMinorNumber, handle),
                     )
                 )
             return readings

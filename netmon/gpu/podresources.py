@@ -7,6 +7,7 @@ Pure: no I/O and no protobuf runtime, so a kubelet with fields we have never see
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -16,9 +17,15 @@ from dataclasses import dataclass, field
 #   PodResources { string name = 1; string namespace = 2;
 #                  repeated ContainerResources containers = 3; }
 #   ContainerResources { string name = 1; repeated ContainerDevices devices = 2;
-#                        (cpu_ids = 3, memory = 4, dynamic_resources = 5: skipped) }
+#                        (cpu_ids = 3, memory = 4: skipped)
+#                        repeated DynamicResource dynamic_resources = 5; }
 #   ContainerDevices { string resource_name = 1; repeated string device_ids = 2;
 #                      (topology = 3: skipped) }
+#   DynamicResource { (class_name = 1: skipped) string claim_name = 2;
+#                     string claim_namespace = 3; repeated ClaimResource claim_resources = 4; }
+#   ClaimResource { repeated CDIDevice cdi_devices = 1; string driver_name = 2;
+#                   string pool_name = 3; string device_name = 4; }  (2-4 since Kubernetes 1.31)
+#   CDIDevice { string name = 1; }
 _VARINT, _FIXED64, _LEN, _GROUP_START, _GROUP_END, _FIXED32 = range(6)
 # protobuf's own parsers stop at 100 levels; only unknown groups can nest here.
 _MAX_DEPTH = 100
@@ -42,9 +49,21 @@ class ContainerDevices:
 
 
 @dataclass(frozen=True)
+class DraDevice:
+    """A device Dynamic Resource Allocation gave a container: its driver's name for it, and the
+    CDI devices it was prepared as (older kubelets report only these)."""
+
+    claim: str  # "namespace/name" of the ResourceClaim
+    driver: str  # "" where the kubelet does not say
+    device: str  # "" where the kubelet does not say
+    cdi: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ContainerResources:
     name: str
     devices: tuple[ContainerDevices, ...]
+    dra: tuple[DraDevice, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,13 +168,43 @@ def _devices(data: bytes) -> ContainerDevices:
 
 def _container(data: bytes) -> ContainerResources:
     message = "ContainerResources"
-    name, devices = "", []
+    name, devices, dra = "", [], []
     for number, value in _fields(data, message):
         if number == 1:
             name = _text(value, message, "name")
         elif number == 2:
             devices.append(_devices(value))
-    return ContainerResources(name, tuple(devices))
+        elif number == 5:
+            dra.extend(_dynamic(value))
+    return ContainerResources(name, tuple(devices), tuple(dra))
+
+
+def _dynamic(data: bytes) -> list[DraDevice]:
+    message = "DynamicResource"
+    claim, namespace, resources = "", "", []
+    for number, value in _fields(data, message):
+        if number == 2:
+            claim = _text(value, message, "claim_name")
+        elif number == 3:
+            namespace = _text(value, message, "claim_namespace")
+        elif number == 4:
+            resources.append(value)
+    return [_claim_resource(value, f"{namespace}/{claim}") for value in resources]
+
+
+def _claim_resource(data: bytes, claim: str) -> DraDevice:
+    message = "ClaimResource"
+    driver, device, cdi = "", "", []
+    for number, value in _fields(data, message):
+        if number == 1:
+            for inner, name in _fields(value, "CDIDevice"):
+                if inner == 1:
+                    cdi.append(_text(name, "CDIDevice", "name"))
+        elif number == 2:
+            driver = _text(value, message, "driver_name")
+        elif number == 4:
+            device = _text(value, message, "device_name")
+    return DraDevice(claim, driver, device, tuple(cdi))
 
 
 def _pod(data: bytes) -> PodResources:
@@ -206,14 +255,18 @@ class GpuAllocations:
     gpus: dict[str, Allocation] = field(default_factory=dict)
     # MIG devices by "MIG-<uuid>": the kubelet does not say on which GPU they are.
     mig: tuple[Allocation, ...] = ()
-    # IDs of a GPU resource that are no NVIDIA UUID at all (another device plugin's naming).
+    # IDs of a GPU resource that are no NVIDIA UUID at all (another device plugin's naming), and
+    # devices of NVIDIA's DRA driver whose name does not say which GPU.
     unmapped: tuple[Allocation, ...] = ()
+    # GPUs NVIDIA's DRA driver gave a pod, by minor number ("gpu-<minor>", its MIG devices'
+    # "gpu-<minor>-mig-...": docs/FACTS.md, "Kubelet pod-resources").
+    minors: dict[int, Allocation] = field(default_factory=dict)
     # "namespace/name (phase)" of the pods left out because they have finished.
     finished: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         """Whether any pod holds a GPU (finished pods hold none)."""
-        return bool(self.gpus or self.mig or self.unmapped)
+        return bool(self.gpus or self.mig or self.unmapped or self.minors)
 
 
 def device_uuid(device_id: str) -> str:
@@ -242,6 +295,7 @@ def gpu_allocations(
     mig: list[Allocation] = []
     unmapped: list[Allocation] = []
     finished: list[str] = []
+    minors: dict[int, Allocation] = {}
     for pod in pods:
         if own_pod is not None and (pod.namespace, pod.name) == own_pod:
             continue
@@ -273,15 +327,64 @@ def gpu_allocations(
                         mig.append(holder)
                     elif resource.startswith(GPU_RESOURCE_PREFIXES):
                         unmapped.append(holder)
-    return GpuAllocations(gpus, tuple(mig), tuple(unmapped), tuple(finished))
+            for minor, holder in _dra_holders(pod, container, phase):
+                if minor is None:
+                    unmapped.append(holder)
+                else:
+                    minors.setdefault(minor, holder)
+    return GpuAllocations(
+        gpus=gpus, mig=tuple(mig), unmapped=tuple(unmapped), finished=tuple(finished), minors=minors
+    )
+
+
+def _dra_holders(
+    pod: PodResources, container: ContainerResources, phase: str
+) -> Iterator[tuple[int | None, Allocation]]:
+    """The GPUs NVIDIA's DRA driver gave the container, by minor number (None: not said)."""
+    for device in container.dra:
+        if nvidia_gpu(device):
+            name = device.device or (device.cdi[0] if device.cdi else "?")
+            holder = Allocation(
+                pod.namespace, pod.name, container.name, f"DRA {DRA_DRIVER} {name}", name, phase
+            )
+            yield dra_minor(device), holder
+
+
+# NVIDIA's DRA driver for GPUs (NVIDIA/k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin): its driver
+# name, the CDI vendor and class its devices are prepared under, and its device names:
+# "gpu-<minor>" for a whole GPU and "gpu-<minor>-mig-<profile>-<id>-<start>" for a MIG device
+# (deviceinfo.go and mig.go, CanonicalName); a CDI device is "<claim UID>-<that name>".
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_CDI_KIND = "k8s.gpu.nvidia.com/"
+_DRA_NAME = re.compile(r"(?:^|-)gpu-(\d+)(?:-mig-[a-z0-9-]+)?$")
+
+
+def nvidia_gpu(device: DraDevice) -> bool:
+    """Whether NVIDIA's DRA driver gave this device: by its driver name, or, from a kubelet that
+    reports only CDI devices, by their kind."""
+    if device.driver:
+        return device.driver == DRA_DRIVER
+    return any(name.startswith(DRA_CDI_KIND) for name in device.cdi)
+
+
+def dra_minor(device: DraDevice) -> int | None:
+    """The minor number of the GPU a device of NVIDIA's DRA driver is or lies on; None when its
+    name does not say (a VFIO passthrough device, a naming not known here)."""
+    names = [device.device] if device.device else [n.split("=", 1)[-1] for n in device.cdi]
+    for name in names:
+        found = _DRA_NAME.search(name)
+        if found is not None:
+            return int(found.group(1))
+    return None
 
 
 def _holds_any(pod: PodResources) -> bool:
-    return any(
+    plugin = any(
         _VENDOR in devices.resource_name and devices.device_ids
         for container in pod.containers
         for devices in container.devices
     )
+    return plugin or any(nvidia_gpu(d) for c in pod.containers for d in c.dra)
 
 
 # The phases after which a pod's containers have all stopped for good and the kubelet gives

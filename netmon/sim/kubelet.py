@@ -10,12 +10,13 @@ from pathlib import Path
 
 from netmon.gpu import idle
 from netmon.gpu.kubelet import KubeletGuard
-from netmon.sim.node import SimulatedNode
+from netmon.sim.node import SimPod, SimulatedNode
 
 # Where the simulated kubelet "listens": never opened, only named in the policy the guard reads.
 SOCKET = Path("/simulated/kubelet/pod-resources/kubelet.sock")
 PODS_URL = "https://simulated-node:10250/pods"
 RESOURCE = "nvidia.com/gpu"
+CLAIM_UID = "9f3c2b1e-5a4d-4c3b-8e2f-1a2b3c4d5e6f"  # a ResourceClaim's UID, as CDI names carry it
 
 
 def simulated_guard(
@@ -50,12 +51,31 @@ def pod_resources(node: SimulatedNode) -> bytes:
     pods = b""
     for pod in node.current().pods:
         namespace, name = pod.pod.split("/", 1)
-        devices = _field(1, RESOURCE.encode()) + _field(2, pod.gpu.encode())
-        container = _field(1, pod.container.encode()) + _field(2, devices)
+        if pod.via == "dra":
+            container = _field(1, pod.container.encode()) + _field(5, _dynamic(node, pod))
+        else:
+            devices = _field(1, RESOURCE.encode()) + _field(2, pod.gpu.encode())
+            container = _field(1, pod.container.encode()) + _field(2, devices)
         pods += _field(
             1, _field(1, name.encode()) + _field(2, namespace.encode()) + _field(3, container)
         )
     return pods
+
+
+def _dynamic(node: SimulatedNode, pod: SimPod) -> bytes:
+    """The DynamicResource NVIDIA's DRA driver's claim gives: the GPU as "gpu-<minor>", prepared
+    as the CDI device "k8s.gpu.nvidia.com/claim=<claim UID>-gpu-<minor>" (its cdi.go)."""
+    gpus = node.current().gpus
+    index = next(i for i, g in enumerate(gpus) if g.uuid == pod.gpu)
+    minor = gpus[index].minor if gpus[index].minor is not None else index
+    device = f"gpu-{minor}"
+    cdi = _field(1, _field(1, f"k8s.gpu.nvidia.com/claim={CLAIM_UID}-{device}".encode()))
+    resource = cdi
+    if pod.dra_fields:
+        resource += _field(2, b"gpu.nvidia.com") + _field(3, b"node-0") + _field(4, device.encode())
+    namespace, name = pod.pod.split("/", 1)
+    claim = _field(2, f"{name}-gpu".encode()) + _field(3, namespace.encode())
+    return claim + _field(4, resource)
 
 
 def pod_list(node: SimulatedNode) -> bytes:

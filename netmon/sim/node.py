@@ -111,6 +111,9 @@ class SimGpu(_Frozen):
     # Processes": "no_permission"} (a container without the right capabilities), or
     # "gpu_is_lost" on nvmlDeviceGetUUID or nvmlDeviceGetHandleByIndex (a GPU fallen off the bus).
     nvml_errors: NvmlErrors = {}
+    # Its minor number (/dev/nvidia<minor>; NVIDIA's DRA driver names it "gpu-<minor>"): its
+    # index unless given, as on most nodes.
+    minor: int | None = Field(None, ge=0)
     # The SM clock NVML reports (MHz): under load (an H100 SXM boosts to 1980) and idle.
     sm_clock_mhz: int = Field(1980, gt=0)
     idle_sm_clock_mhz: int = Field(345, gt=0)
@@ -130,12 +133,16 @@ class SimProcess(_Frozen):
 
 
 class SimPod(_Frozen):
-    """A pod the kubelet's device plugin gave a GPU to, and its phase."""
+    """A pod the kubelet gave a GPU to, and its phase: by NVIDIA's device plugin (by UUID), or
+    by NVIDIA's DRA driver (`via: dra`: a ResourceClaim's device "gpu-<minor>"; `dra_fields:
+    false` answers as a kubelet before 1.31, with the CDI device's name only)."""
 
     gpu: str  # the GPU's UUID
     pod: str = Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     container: str = "main"
     phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] = "Running"
+    via: Literal["device_plugin", "dra"] = "device_plugin"
+    dra_fields: bool = True
 
 
 class NodeFile(_Frozen):

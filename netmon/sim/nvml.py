@@ -157,6 +157,10 @@ class SimulatedNvml:
         mode = int(self._gpu(handle).mig)
         return [mode, mode]
 
+    def _nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        gpu = self._gpu(handle)
+        return handle.index if gpu.minor is None else gpu.minor
+
     def _nvmlDeviceGetComputeMode(self, handle: _Handle) -> int:
         return _COMPUTE_MODES[self._gpu(handle).compute_mode]
 
