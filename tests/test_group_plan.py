@@ -393,3 +393,29 @@ def test_an_imex_channel_is_a_channel_device_in_its_directory(tmp_path: Path) ->
     assert not imex_channel_present(tmp_path)
     (tmp_path / "channel0").write_text("")
     assert imex_channel_present(tmp_path)
+
+
+def test_an_nvl72_node_without_its_imex_channel_asks_for_the_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's fabric reading on a simulated node whose GPUs share a multi-node NVLink domain (a
+    cluster UUID), through the real reader: without an IMEX channel a round must not leave NCCL
+    to try MNNVL, which fails the communicator at init."""
+    from netmon.gpu.nvml import read_fabric
+    from netmon.group.members import node_mnnvl_env
+    from tests.gpu_node import dgx_h100
+
+    node = dgx_h100(tmp_path)
+    for gpu in node.document["gpus"]:
+        gpu["cluster_uuid"] = "5f0c3a9e1b2d4c6e8f7a9b0c1d2e3f40"
+    node.write()
+    node.activate(monkeypatch)
+    env, why = node_mnnvl_env("nccl", "any", read_fabric)
+    assert env == {"NCCL_MNNVL_ENABLE": "0"} and "IMEX" in why, why
+    monkeypatch.setattr("netmon.group.members.imex_channel_present", lambda: True)
+    assert node_mnnvl_env("nccl", "any", read_fabric)[0] == {}
+    for gpu in node.document["gpus"]:
+        gpu.pop("cluster_uuid")
+    node.write()
+    monkeypatch.setattr("netmon.group.members.imex_channel_present", lambda: False)
+    assert node_mnnvl_env("nccl", "any", read_fabric)[0] == {}  # a single-node fabric
