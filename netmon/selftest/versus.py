@@ -26,7 +26,12 @@ BINARY = "all_reduce_perf"
 # whose rows are taken at their median as netmon takes its samples'.
 OPS = 20
 CYCLES = 10
-COMPARABLE = {"batch": OPS, "iters": CYCLES, "timing": "batched", "cuda_graph": "off"}
+COMPARABLE: dict[str, Any] = {
+    "batch": OPS,
+    "iters": CYCLES,
+    "timing": "batched",
+    "cuda_graph": "off",
+}
 # Each timed block pays the host's launch gap once (an event, then the first launch: 5-20 us on
 # current drivers), netmon's and all_reduce_perf's alike, so a size is judged only where that gap
 # is under GAP_SHARE of the block: there it cannot make the 3 % by itself.
