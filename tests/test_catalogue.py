@@ -22,7 +22,8 @@ DASHBOARD = ROOT / "grafana" / "dashboards" / "netmon.json"
 RULES = sorted((ROOT / "deploy" / "prometheus").glob("*.y*ml"))
 # Sample names a family can have beyond its own (histograms and summaries, should one appear).
 SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum")
-UNITS = ("seconds", "bytes", "bytes_per_second", "ratio")
+# Prometheus' base units as netmon uses them (hertz: the GPUs' SM clock).
+UNITS = ("seconds", "bytes", "bytes_per_second", "ratio", "hertz")
 
 
 def broken(snapshot: Snapshot) -> Iterator[Metric]:

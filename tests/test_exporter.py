@@ -323,7 +323,8 @@ def test_a_new_snapshot_shows_on_the_next_scrape_and_nothing_old_survives() -> N
 
 
 # Every optional family present: paths, transports, pairs, topology and NVML link health.
-_PCIE = dataclasses.replace(LARGE, path="pcie", busbw=10e9)
+# Measured on GPUs: with their SM clock.
+_PCIE = dataclasses.replace(LARGE, path="pcie", busbw=10e9, sm_clock_hz=1.98e9)
 # A judged series with its reference, fixed, and its long level, degraded on drift.
 _DEFAULT = dataclasses.replace(
     LARGE,
