@@ -14,10 +14,8 @@ import pytest
 from netmon.gpu import compat
 from netmon.gpu.compat import CudaVersion
 from netmon.probe.forking import Zygote
-from netmon.serve.daemon import Daemon
-from tests.conftest import wait_for
 from tests.gpu_node import SimNode, dgx_h100
-from tests.test_gpu_node import config_for, runner_on, zygotes  # noqa: F401 (a fixture)
+from tests.test_gpu_node import config_for, runner_on, skipped_daemon, zygotes  # noqa: F401 (a fixture)
 
 V = CudaVersion.parse
 
@@ -116,17 +114,7 @@ def test_the_daemon_skips_every_run_with_its_reason_and_starts_no_rank(
 ) -> None:
     node = _node(tmp_path, **said).activate(monkeypatch)
     probe = {"name": "small", "sizes": [8], "interval": "1s", "iters": 2, "warmup": 1}
-    config = config_for(tmp_path, ["0", "1"], [probe]).model_copy(update={"listen": "127.0.0.1:0"})
-    daemon = Daemon(config)
-    daemon.start()
-    try:
-        wait_for(
-            lambda: daemon.results.snapshot().probes["small"].skips.get(reason, 0) >= 3 or None,
-            60,
-            f"three runs skipped as {reason}",
-        )
-    finally:
-        daemon.stop()
+    daemon = skipped_daemon(tmp_path, ["0", "1"], probe, reason)
     stats = daemon.results.snapshot().probes["small"]
     assert set(stats.skips) == {reason} and stats.failures == {} and stats.runs == 0
     assert node.opened() == []

@@ -52,6 +52,26 @@ def config_for(tmp_path: Path, devices: list[str], probes: list[dict[str, Any]])
     return resolve(parse_config(document), gpus=len(devices))
 
 
+def skipped_daemon(
+    tmp_path: Path, devices: list[str], probe: dict[str, Any], reason: str, count: int = 3
+) -> Daemon:
+    """A daemon on the active simulated node, run until `probe` has been skipped `count` times
+    as `reason`, then stopped: what it counted is in its results."""
+    config = config_for(tmp_path, devices, [probe]).model_copy(update={"listen": "127.0.0.1:0"})
+    daemon = Daemon(config)
+    daemon.start()
+    name = probe["name"]
+    try:
+        wait_for(
+            lambda: daemon.results.snapshot().probes[name].skips.get(reason, 0) >= count or None,
+            60,
+            f"{count} runs of {name} skipped as {reason}",
+        )
+    finally:
+        daemon.stop()
+    return daemon
+
+
 @pytest.fixture
 def zygotes() -> Iterator[list[Zygote]]:
     made: list[Zygote] = []

@@ -16,10 +16,8 @@ from typing import Any
 import pytest
 
 from netmon.logs import PlainFormatter
-from netmon.serve.daemon import Daemon
-from tests.conftest import wait_for
 from tests.gpu_node import SimNode, dgx_h100
-from tests.test_gpu_node import config_for
+from tests.test_gpu_node import skipped_daemon
 
 FLAGS = ("--backend", "nccl", "--ranks", "2", "--sizes", "1M", "--iters", "2")
 Edit = Callable[[dict[str, Any]], None]
@@ -104,17 +102,7 @@ def test_the_daemon_skips_with_the_reason_and_never_starts_a_rank(
 ) -> None:
     node = _node(tmp_path, edit).activate(monkeypatch)
     probe = {"name": "small", "sizes": [8], "interval": "1s", "iters": 2, "warmup": 1}
-    config = config_for(tmp_path, ["0", "1"], [probe]).model_copy(update={"listen": "127.0.0.1:0"})
-    daemon = Daemon(config)
-    daemon.start()
-    try:
-        wait_for(
-            lambda: daemon.results.snapshot().probes["small"].skips.get(reason, 0) >= 3 or None,
-            60,
-            f"three runs skipped as {reason}",
-        )
-    finally:
-        daemon.stop()
+    daemon = skipped_daemon(tmp_path, ["0", "1"], probe, reason)
     stats = daemon.results.snapshot().probes["small"]
     # A busy GPU is waited for until the next run is due (that one is `still_running`).
     assert set(stats.skips) <= {reason, "still_running"}, stats
@@ -139,21 +127,7 @@ def test_a_fabric_still_registering_skips_the_nvls_path_and_says_why(
         "warmup": 1,
         "paths": ["nvls"],
     }
-    config = config_for(tmp_path, ["0", "1", "2", "3"], [probe])
-    config = config.model_copy(update={"listen": "127.0.0.1:0"})
-    daemon = Daemon(config)
-    daemon.start()
-    try:
-        wait_for(
-            lambda: (
-                daemon.results.snapshot().probes["small"].skips.get("path_unsupported", 0) >= 2
-                or None
-            ),
-            60,
-            "two runs of the nvls path skipped",
-        )
-    finally:
-        daemon.stop()
+    daemon = skipped_daemon(tmp_path, ["0", "1", "2", "3"], probe, "path_unsupported", 2)
     stats = daemon.results.snapshot().probes["small"]
     assert stats.failures == {} and stats.runs == 0, stats
     lines = [PlainFormatter().format(r) for r in caplog.records]

@@ -101,28 +101,22 @@ def test_each_choice_is_logged_once_per_process(caplog: pytest.LogCaptureFixture
     assert result.reported({}).timing_path == "eager"
 
 
-def _probe(node: Path, *flags: str) -> tuple[dict[int, dict[str, Any]], str]:
+def _netmon_probe(*flags: str) -> dict[str, Any]:
+    """`netmon probe ... --json` in a process of its own: its JSON document."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "netmon",
-            "probe",
-            "--simulate",
-            str(node),
-            "--ranks",
-            "2",
-            "--iters",
-            "3",
-            "--json",
-            *flags,
-        ],
+        [sys.executable, "-m", "netmon", "probe", "--ranks", "2", "--json", *flags],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    return {r["size_bytes"]: r for r in json.loads(done.stdout)["results"]}, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return {**document, "stderr": done.stderr}
+
+
+def _probe(node: Path, *flags: str) -> tuple[dict[int, dict[str, Any]], str]:
+    document = _netmon_probe("--simulate", str(node), "--iters", "3", *flags)
+    return {r["size_bytes"]: r for r in document["results"]}, document["stderr"]
 
 
 def test_a_simulated_gpu_node_times_small_sizes_from_a_graph_and_large_ones_eagerly() -> None:
@@ -153,28 +147,8 @@ def test_an_nccl_too_old_to_capture_and_cuda_graph_off_are_eager_and_say_why(
 
 
 def test_gloo_on_cpu_is_eager() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "netmon",
-            "probe",
-            "--backend",
-            "gloo",
-            "--ranks",
-            "2",
-            "--sizes",
-            "8",
-            "--iters",
-            "3",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    (result,) = json.loads(done.stdout)["results"]
+    document = _netmon_probe("--backend", "gloo", "--sizes", "8", "--iters", "3")
+    (result,) = document["results"]
     assert result["timing_path"] == "eager"
     assert result["timing_why"] == "no CUDA graphs without NCCL on a GPU"
     assert result["sm_clock_hz"] is None  # CPU ranks have no SM clock
@@ -193,18 +167,13 @@ def test_gpu_probes_warm_up_for_a_tenth_of_a_second_by_default_and_cpu_probes_no
 
 
 def test_gpu_ranks_warm_up_by_time_and_report_their_sm_clock() -> None:
-    by_size, _ = _probe(NODE, "--sizes", "8,64K", "--warmup", "1", "--warmup-s", "1.5")
+    document = _netmon_probe(
+        *("--simulate", str(NODE), "--sizes", "8,64K", "--iters", "2"),
+        *("--warmup", "1", "--warmup-s", "1.5"),
+    )
     # Measured while the ranks' kernels ran: the simulated GPUs' boost clock, not the idle one.
-    assert {r["sm_clock_hz"] for r in by_size.values()} == {1980e6}
-    done = subprocess.run(
-        [sys.executable, "-m", "netmon", "probe", "--simulate", str(NODE), "--ranks", "2",
-         "--sizes", "8", "--iters", "2", "--warmup", "1", "--warmup-s", "1.5", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (probe,) = json.loads(done.stdout)["probes"]
+    assert {r["sm_clock_hz"] for r in document["results"]} == {1980e6}
+    (probe,) = document["probes"]
     assert probe["wall_s"] >= 1.5, probe
     assert probe["spec"]["warmup_s"] == 1.5
 

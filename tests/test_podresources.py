@@ -15,20 +15,18 @@ from google.protobuf.message import DecodeError as ProtobufDecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from netmon.gpu.dra import DraDevice, dra_minor, nvidia_gpu
 from netmon.gpu.podresources import (
     ContainerDevices,
     ContainerResources,
     DecodeError,
-    DraDevice,
     PodPhase,
     PodPhases,
     PodResources,
     decode_list_response,
     decode_pod_list,
     device_uuid,
-    dra_minor,
     gpu_allocations,
-    nvidia_gpu,
 )
 from tests.fake_kubelet import FUTURE, PB, pod_list, response, serialize
 
