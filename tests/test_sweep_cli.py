@@ -126,20 +126,25 @@ def test_the_human_report_fits_120_columns_and_wide_keeps_each_pair_on_one_line(
 def test_a_confirming_pairs_srun_may_take_its_repeats_times_the_pair_timeout(
     tmp_path: Path,
 ) -> None:
-    """The pair's srun --time and its ranks' deadline: a locate pair measuring 3 times as long
-    gets 3 pair timeouts, so it is not cut as `timeout` exactly when its failure would name."""
+    """The pair's srun --time and its ranks' budget: the launch time, then the run; a locate
+    pair measuring 3 times as long gets 3 pair timeouts, so it is not cut as `timeout` exactly
+    when its failure would name. No --immediate: a busy queue starts a pair only by backfill."""
     srun = tmp_path / "srun"
-    srun.write_text('#!/bin/sh\necho "$NETMON_SWEEP_DEADLINE $*"\n')
+    srun.write_text('#!/bin/sh\necho "$NETMON_SWEEP_DEADLINE $NETMON_SWEEP_RUN_S $*"\n')
     srun.chmod(0o755)
     environ = {"PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    scheduler = SlurmScheduler(SweepConfig(pair_timeout=600), "s", "sweep", environ=environ)
-    now = time.time()
+    settings = SweepConfig(pair_timeout=600, launch_timeout=120)
+    scheduler = SlurmScheduler(settings, "s", "sweep", environ=environ)
+    hard = time.time() + 86400
     launches = [
-        scheduler._launch(PairPlan(("a", "b"), 1, 1), 0, now + 86400),
-        scheduler._launch(PairPlan(("a", "c"), 2, 1, "locate", repeats=3), 1, now + 86400),
+        scheduler._launch(PairPlan(("a", "b"), 1, 1), 0, hard),
+        scheduler._launch(PairPlan(("a", "c"), 2, 1, "locate", repeats=3), 1, hard),
     ]
-    for launch, minutes in zip(launches, (10, 30), strict=True):
+    for launch, run_s in zip(launches, (600, 1800), strict=True):
         assert launch.process.wait(10) == 0
-        deadline, _, argv = launch.text()[0].partition(" ")
-        assert float(deadline) - now == pytest.approx(minutes * 60, abs=5)
-        assert f"--time={minutes}" in argv.split()
+        deadline, budget, argv = launch.text()[0].split(" ", 2)
+        assert float(deadline) == pytest.approx(hard, abs=0.01)
+        assert float(budget) == 120 + run_s and launch.clocks.run_s == run_s
+        assert f"--time={(120 + run_s + 59) // 60}" in argv.split()
+        assert not any(arg.startswith("--immediate") for arg in argv.split())
+        assert launch.clocks.launch - launch.submitted_at == pytest.approx(120, abs=1)

@@ -451,9 +451,10 @@ def test_sigterm_ends_the_sweep_with_its_jobsets_deleted(tmp_path: Path) -> None
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
 
     fake = FakeCluster(scenario=admitted_then_killed, nodes=[node("gpu0"), node("gpu1")])
-    KubernetesScheduler.exit_on_sigterm()  # `netmon sweep`'s hook on Kubernetes
+    before = signal.getsignal(signal.SIGTERM)
     with serving(fake) as url, pytest.raises(SystemExit) as exited:
         main(["sweep", "--config", str(sweep_config(tmp_path, url)), "--seed", "1"])
+    assert signal.getsignal(signal.SIGTERM) is before  # the sweep's handler was put back
     assert exited.value.code == 128 + signal.SIGTERM
     assert len(fake.created) == 1 and fake.jobsets == {}
     assert [name for name, _ in fake.deletions] == [fake.created[0]["metadata"]["name"]]

@@ -235,17 +235,40 @@ def test_srun_outcomes() -> None:
     )
     found = srun_result.parse(out + "\nnoise\n", plan.rails)
     assert found.busbw == (1e8, 2e8) and found.started_at == 100
-    assert srun_result.classify(0, "COMPLETED", "", found, False) == ("ok", "")
+    assert srun_result.classify(0, "COMPLETED", "", found) == ("ok", "")
     missing = srun_result.parse(out.splitlines()[0], plan.rails)
     assert missing.busbw == ()
-    assert srun_result.classify(0, "COMPLETED", "", missing, False)[0] == "error"
-    assert srun_result.classify(1, "PREEMPTED", "", missing, False)[0] == "preempted"
+    assert srun_result.classify(0, "COMPLETED", "", missing)[0] == "error"
+    assert srun_result.classify(1, "PREEMPTED", "", missing)[0] == "preempted"
     cancelled = "slurmstepd: error: *** STEP 7.0 ON n1 CANCELLED AT 2026 DUE TO PREEMPTION ***"
-    assert srun_result.classify(1, None, cancelled, missing, False)[0] == "preempted"
-    assert srun_result.classify(None, None, "", missing, True)[0] == "timeout"
+    assert srun_result.classify(1, None, cancelled, missing)[0] == "preempted"
+    assert srun_result.classify(None, None, "", missing, "run")[0] == "timeout"
     busy = "srun: error: Unable to allocate resources: Requested nodes are busy"
-    assert srun_result.classify(1, None, busy, missing, False)[0] == "busy"
-    assert srun_result.classify(1, "FAILED", "boom", missing, False)[0] == "error"
+    assert srun_result.classify(1, None, busy, missing)[0] == "busy"
+    assert srun_result.classify(1, "FAILED", "boom", missing)[0] == "error"
+
+
+def test_a_pair_is_given_up_by_the_clock_it_is_on() -> None:
+    """Queued past the launch deadline: busy (the scheduler's, not the link's); started but
+    not met: timeout; met: the run clock only, however late the launch deadline passed."""
+    clocks = srun_result.Deadlines(launch=100.0, run_s=30.0, hard=1000.0)
+    assert clocks.late(99.0, False, None) is None
+    assert clocks.late(100.0, False, None) == "queued"
+    assert clocks.late(100.0, True, None) == "meet"
+    assert clocks.late(100.0, True, 95.0) is None  # met before the launch deadline
+    assert clocks.late(124.9, True, 95.0) is None and clocks.late(125.0, True, 95.0) == "run"
+    assert clocks.late(1000.0, True, 990.0) == "run"  # the round's end ends everything
+    assert clocks.late(1000.0, False, None) == "queued"
+    missing = srun_result.parse("", 1)
+    outcome, detail = srun_result.classify(None, None, "", missing, "queued", 120.0)
+    assert outcome == "busy" and "120 s" in detail and "sweep.launch_timeout" in detail
+    assert srun_result.classify(None, None, "", missing, "meet", 120.0)[0] == "timeout"
+    # Preempted while queued past the deadline is still preempted; measured is measured.
+    assert srun_result.classify(1, "PREEMPTED", "", missing, "queued")[0] == "preempted"
+    done = srun_result.parse(PREFIX + '{"rail": 0, "busbw": 1e9, "started_at": 1}', 1)
+    assert srun_result.classify(None, None, "", done, "run")[0] == "ok"
+    lines = [rank.STARTED + "{}", rank.STARTED + "{}", rank.JOINED + "{}", PREFIX + "{}"]
+    assert srun_result.marks("\n".join(lines)) == (2, 1)
 
 
 def test_the_rank_takes_the_nodes_env_and_goes_on_without_a_usable_config(tmp_path: Path) -> None:

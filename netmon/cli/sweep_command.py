@@ -3,7 +3,8 @@ that Kueue admits (docs/SWEEPS.md).
 
 Exit codes: 0 no suspect; 1 suspects named; 2 a usage or configuration error; 3 the sweep could
 not run (the controller unreachable, too few idle nodes, another sweep running, no pair
-measured).
+measured); 4 no suspect, but a failure left undecided (neither named nor cleared in the rounds
+the sweep had: not a healthy verdict).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, table
 from netmon.errors import UsageError
 
 EXIT_NO_SWEEP = EXIT_PROBE_FAILED  # 3
+EXIT_UNDECIDED = 4  # a failed pair neither explained nor cleared: not a healthy verdict
 
 
 def add_parser(commands: Any) -> None:
@@ -29,7 +31,8 @@ def add_parser(commands: Any) -> None:
         description="Measure node pairs from a cluster's idle nodes, each pair a preemptible "
         "Slurm job (or, on Kubernetes, a round a JobSet that Kueue admits at the lowest "
         "priority): round 1 a random matching, later rounds pair each end of a failed pair with "
-        "a node that passed. Exit 0: no suspect; 1: suspects; 3: could not run.",
+        "a node that passed. Exit 0: no suspect; 1: suspects; 3: could not run; 4: a failure "
+        "left undecided.",
     )
     sweep.add_argument(
         "--scheduler",
@@ -85,6 +88,7 @@ def _secret(settings: Any) -> bytes | None:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from netmon.sweep import history
     from netmon.sweep.runner import CouldNotRun, new_sweep_id
+    from netmon.sweep.scheduler import exiting_on_signals
 
     config, settings, directory = _settings(args)
     sweep_id = new_sweep_id()
@@ -92,14 +96,24 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     secret = _secret(settings)
     auth = _basic_auth(settings)
     try:
-        with history.exclusive(directory):
+        with exiting_on_signals(), history.exclusive(directory):
             whole = _sweep(args, config, settings, directory, scheduler, partition, secret, auth)
     except CouldNotRun as exc:
         return _could_not_run(args, sweep_id, str(exc), exc.partial)
     except history.Busy as exc:
         return _could_not_run(args, sweep_id, str(exc), {})
     _print(args, whole)
-    return EXIT_GATE if whole["suspects"] else EXIT_OK
+    return exit_code(whole)
+
+
+def exit_code(whole: dict[str, Any]) -> int:
+    """1 with a suspect; else 4 when a failure was left undecided (nothing named, nothing
+    cleared: the sweep cannot say the cluster is healthy); else 0."""
+    if whole["suspects"]:
+        return EXIT_GATE
+    if whole["undecided"] or whole.get("undecided_uplinks"):
+        return EXIT_UNDECIDED
+    return EXIT_OK
 
 
 def _scheduler(args: argparse.Namespace, settings: Any, sweep_id: str) -> tuple[Any, str]:
@@ -114,7 +128,6 @@ def _scheduler(args: argparse.Namespace, settings: Any, sweep_id: str) -> tuple[
                 "--partition: Slurm's; on Kubernetes the nodes are sweep.kubernetes.node_selector's"
             )
         chosen = label_selector(settings.kubernetes.node_selector) or "all nodes"
-        KubernetesScheduler.exit_on_sigterm()  # a CronJob's deadline: clean up, then go
         return KubernetesScheduler.connect(settings, sweep_id), chosen
     from netmon.sweep.slurm import SlurmScheduler
 

@@ -58,7 +58,7 @@ def pod_end(log: str) -> PodEnd | None:
 
 def last_error(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    lines = [line for line in lines if not line.startswith(("NETMON-SWEEP ", POD_PREFIX))]
+    lines = [line for line in lines if not line.startswith("NETMON-SWEEP")]
     errors = [line for line in lines if "error" in line.lower()] or lines
     return errors[-1][:200] if errors else "no message"
 

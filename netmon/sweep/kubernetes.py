@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from netmon.errors import UsageError
 from netmon.sweep import kube_state as state
@@ -106,17 +104,6 @@ class KubernetesScheduler:
         environ = os.environ if environ is None else environ
         target = api_target(settings.kubernetes, environ)
         return cls(settings, sweep, KubeApi(target), own=own_pod(environ))
-
-    @staticmethod
-    def exit_on_sigterm() -> None:
-        """SIGTERM (the CronJob's activeDeadlineSeconds, a deleted pod) raises SystemExit, so
-        that the sweep's finally blocks delete its JobSets before the kubelet's SIGKILL.
-        Python's default ends the process at once. From the main thread only."""
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            raise SystemExit(128 + signum)
-
-        signal.signal(signal.SIGTERM, stop)
 
     @property
     def namespace(self) -> str:

@@ -8,9 +8,14 @@ node's own: its netmon config's `env` (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) i
 
 The sweep passes, in the environment: NETMON_SWEEP_NODES (name=address of each node, rank
 order), NETMON_SWEEP_PORT (rail k's store listens on port + k on the first node), and the
-measurement's size, warmup, iters and deadline. The task on the first node of each rail prints
-one line, `NETMON-SWEEP {json}`, naming the node it ran on. A watchdog ends the task at its
-deadline, so nothing outlives the pair, whatever the scheduler manages to do.
+measurement's size, warmup, iters and deadline (NETMON_SWEEP_DEADLINE, absolute; and
+NETMON_SWEEP_RUN_S, seconds from the task's own start, where the scheduler cannot know when the
+job will start). Every task prints `NETMON-SWEEP-STARTED {json}` as it starts and
+`NETMON-SWEEP-JOINED {json}` once its rail's ranks have met: the sweep tells a pair the
+scheduler has not started from one whose ranks cannot meet, and neither holds its round. The
+task on the first node of each rail prints one line, `NETMON-SWEEP {json}`, naming the node it
+ran on. A watchdog ends the task at its deadline, so nothing outlives the pair, whatever the
+scheduler manages to do.
 
 On Kubernetes a pod per node starts the rails' tasks (netmon.sweep.pod_ranks) and the scheduler
 picks which node is which pod: the node is NETMON_SWEEP_NODE, the rail NETMON_SWEEP_RAIL, the
@@ -31,6 +36,8 @@ from typing import Any
 
 STARTED_AT = time.time()  # before torch is imported: the scheduler's overhead ends here
 PREFIX = "NETMON-SWEEP "
+STARTED = "NETMON-SWEEP-STARTED "
+JOINED = "NETMON-SWEEP-JOINED "
 EXIT_BUSY = 75  # the GPU was in use: the pair is skipped as busy, not failed
 
 
@@ -61,6 +68,17 @@ def _watchdog(deadline: float) -> None:
         os._exit(124)
 
     threading.Thread(target=expire, name="deadline", daemon=True).start()
+
+
+def deadline_of(environ: Mapping[str, str], started_at: float) -> float:
+    """The task's own deadline: the absolute one, or its run budget from its start if sooner."""
+    deadline = float(environ["NETMON_SWEEP_DEADLINE"])
+    run_s = environ.get("NETMON_SWEEP_RUN_S")
+    return min(deadline, started_at + float(run_s)) if run_s else deadline
+
+
+def _mark(prefix: str, node: str, rail: int) -> None:
+    print(prefix + json.dumps({"node": node, "rail": rail, "at": time.time()}), flush=True)
 
 
 def _gpu_busy(index: int) -> bool:
@@ -111,7 +129,7 @@ def measure(
 
 def main() -> int:
     environ = os.environ
-    deadline = float(environ["NETMON_SWEEP_DEADLINE"])
+    deadline = deadline_of(environ, STARTED_AT)
     _watchdog(deadline)
     nodes = _nodes(environ["NETMON_SWEEP_NODES"])
     me = environ.get("NETMON_SWEEP_NODE") or environ.get("SLURMD_NODENAME") or os.uname().nodename
@@ -120,6 +138,7 @@ def main() -> int:
         print(f"netmon sweep rank: node {me} is not in this pair ({names})", file=sys.stderr)
         return 2
     rail = int(environ.get("NETMON_SWEEP_RAIL") or environ.get("SLURM_LOCALID", "0"))
+    _mark(STARTED, me, rail)
     os.environ.update(_node_env(Path(environ.get("NETMON_SWEEP_NODE_CONFIG", "/nonexistent"))))
     gpus = environ.get("NETMON_SWEEP_BACKEND") == "nccl"
     if gpus and _gpu_busy(_nvml_index(rail, environ)):
@@ -147,6 +166,8 @@ def main() -> int:
         timeout=datetime.timedelta(seconds=max(1.0, deadline - time.time())),
     )
     try:
+        dist.barrier()  # NCCL makes its communicator here: the ranks met, not just the store
+        _mark(JOINED, me, rail)
         value, times = measure(
             dist,
             torch,

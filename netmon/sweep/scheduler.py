@@ -7,8 +7,11 @@ judges nothing: the planner and the judge are pure (netmon.sweep.plan, netmon.sw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import signal
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import Literal, Protocol
 
 from netmon.sweep.plan import PairPlan, SweepNode
@@ -64,3 +67,25 @@ class Scheduler(Protocol):
     def topology(self) -> str | None:
         """The scheduler's own record of the fabric, in topology.conf's syntax (Slurm's
         `scontrol show topology`); None where it keeps none."""
+
+
+
+@contextlib.contextmanager
+def exiting_on_signals() -> Iterator[None]:
+    """While inside: SIGTERM (a CronJob's activeDeadlineSeconds, a deleted pod, an operator's
+    kill) and SIGINT raise SystemExit, so that the sweep's finally blocks cancel its pairs
+    (Slurm jobs, JobSets) before it goes; Python's default for SIGTERM ends the process at once
+    and leaves them to their deadlines, holding the next sweep. The handlers before are put
+    back after. From the main thread only."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    for signum in before:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)

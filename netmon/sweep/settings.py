@@ -52,8 +52,13 @@ class SweepConfig(BaseModel):
     # The cohort line is also this many spreads under the level (the daemon's is 3: a sweep
     # draws thousands of lines at once; docs/SWEEPS.md).
     spread_k: float = Field(4.0, ge=0)
-    # Seconds one pair's job may take, queue included; a confirming pair, which measures
-    # confirm_repeats times as long, may take that many times it (pair_timeout_for).
+    # Seconds from a pair's submission until all its ranks have met (Slurm): on a busy queue a
+    # pair starts only at a backfill pass (every 30 s by default, longer on a large cluster).
+    # A pair not started by then is `busy`, one started whose ranks did not meet `timeout`.
+    launch_timeout: float = Field(120.0, gt=0)
+    # Seconds one pair may run once its ranks have met (Slurm; on Kubernetes, queue included);
+    # a confirming pair, which measures confirm_repeats times as long, may take that many
+    # times it (pair_timeout_for).
     pair_timeout: float = Field(300.0, gt=0)
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
     # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
@@ -83,7 +88,7 @@ class SweepConfig(BaseModel):
     def _size(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value  # type: ignore[arg-type]
 
-    @field_validator("pair_timeout", "deadline", mode="before")
+    @field_validator("launch_timeout", "pair_timeout", "deadline", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
         return parse_duration(value) if isinstance(value, str) else value

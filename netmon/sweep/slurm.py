@@ -33,14 +33,17 @@ log = logging.getLogger(__name__)
 
 # sinfo's compact states of a node a sweep may take: idle and responding (a suffix * is "not
 # responding", ~ "powered off", # "powering up", ! "pending power down", % "powering down").
-IDLE_STATES = frozenset({"idle"})
+# `plnd` is idle too: backfill has planned it for a pending job's start, which on a busy queue
+# is most idle nodes most of the time (a pending job wider than what is free plans them all);
+# backfill still starts a short pair there when it ends before that start.
+IDLE_STATES = frozenset({"idle", "plnd"})
 FREE_STATES = frozenset({"idle", "comp", "plnd"})
 SLURM_TIMEOUT_S = 20.0  # one sinfo/squeue/scancel call
 TERM_GRACE_S = 5.0  # srun has this long after SIGTERM to cancel its job before SIGKILL
 # What a round keeps of the sweep's deadline for after its pairs: srun's grace, one squeue and
 # the scancel of what is left, so that the sweep ends by its deadline, controller or none.
 TAIL_S = TERM_GRACE_S + 2 * 3.0
-IMMEDIATE_S = 10  # srun --immediate: how long a pair's job may wait for its nodes
+POLL_S = 0.5  # how often a round's pairs are looked at while they run
 MAX_OUTPUT = 1 << 20  # of srun's stdout or stderr read back
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 _ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
@@ -79,8 +82,27 @@ class _Launch:
     output: IO[bytes]
     errors: IO[bytes]
     submitted_at: float
-    deadline: float
-    timed_out: bool = False
+    clocks: srun_result.Deadlines
+    late: srun_result.Late | None = None
+    started: bool = False
+    joined_at: float | None = None
+    term_at: float | None = None
+
+    def look(self, now: float) -> None:
+        """Read the ranks' marks so far (pread: srun's own offset in the file is untouched)."""
+        if self.joined_at is not None:
+            return
+        started, joined = srun_result.marks(
+            os.pread(self.output.fileno(), MAX_OUTPUT, 0).decode(errors="replace")
+        )
+        self.started = started > 0
+        if joined >= self.plan.rails * len(self.plan.nodes):
+            self.joined_at = now
+
+    def give_up(self, late: srun_result.Late, now: float) -> None:
+        """SIGTERM: srun cancels its job (queued or running) on it."""
+        self.late, self.term_at = late, now
+        _signal(self.process, signal.SIGTERM)
 
     def text(self) -> tuple[str, str]:
         """What srun wrote: its stdout (the ranks' reports) and its stderr."""
@@ -102,6 +124,7 @@ class SlurmScheduler:
     addresses: dict[str, str] = field(default_factory=dict)
     submitted: list[str] = field(default_factory=list)
     _deadline: float = float("inf")
+    _live: list[_Launch] = field(default_factory=list)  # the round's sruns, while it runs
 
     def _tail_timeout(self) -> float:
         """A call after the pairs: bounded by what is left of the sweep's deadline."""
@@ -175,16 +198,22 @@ class SlurmScheduler:
         launches = [
             self._launch(plan, index, deadline - TAIL_S) for index, plan in enumerate(pairs)
         ]
+        self._live = launches
         self._wait_all(launches)
+        self._live = []
         states = self._states([launch.name for launch in launches])
         return [self._outcome(launch, states.get(launch.name)) for launch in launches]
 
-    def _launch(self, plan: PairPlan, index: int, deadline: float) -> _Launch:
+    def _clocks(self, plan: PairPlan, hard: float) -> srun_result.Deadlines:
+        launch = min(hard, time.time() + self.settings.launch_timeout)
+        return srun_result.Deadlines(launch, self.settings.pair_timeout_for(plan.repeats), hard)
+
+    def _launch(self, plan: PairPlan, index: int, hard: float) -> _Launch:
         name = job_name(self.settings.job_name, self.sweep, plan, index)
         self.submitted.append(name)
-        pair_deadline = min(deadline, time.time() + self.settings.pair_timeout_for(plan.repeats))
-        argv = self._srun_argv(plan, name, pair_deadline)
-        env = clean_env(self.environ) | self._rank_env(plan, pair_deadline)
+        clocks = self._clocks(plan, hard)
+        argv = self._srun_argv(plan, name, clocks)
+        env = clean_env(self.environ) | self._rank_env(plan, clocks)
         log.debug("sweep: %s", " ".join(argv))
         # Closed by _Launch.text() once the pair has ended.
         output, errors = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115
@@ -201,10 +230,12 @@ class SlurmScheduler:
             output.close()
             errors.close()
             raise SchedulerError(f"cannot start srun: {exc.strerror or exc}") from None
-        return _Launch(plan, name, process, output, errors, time.time(), pair_deadline)
+        return _Launch(plan, name, process, output, errors, time.time(), clocks)
 
-    def _srun_argv(self, plan: PairPlan, name: str, deadline: float) -> list[str]:
-        minutes = max(1, math.ceil((deadline - time.time()) / 60))
+    def _srun_argv(self, plan: PairPlan, name: str, clocks: srun_result.Deadlines) -> list[str]:
+        # The job's own limit counts from its start: the ranks' meeting, then the run. The
+        # shorter it is, the sooner backfill finds it a gap on a busy queue.
+        minutes = max(1, math.ceil((self.settings.launch_timeout + clocks.run_s) / 60))
         argv = [
             "srun",
             f"--job-name={name}",
@@ -214,8 +245,10 @@ class SlurmScheduler:
             f"--ntasks-per-node={plan.rails}",
             "--exclusive",
             f"--time={minutes}",
-            # A node taken between sinfo and this job: skip the pair (busy), never wait on it.
-            f"--immediate={IMMEDIATE_S}",
+            # No --immediate: only --immediate=1 reaches slurmctld as "immediate"; any other
+            # value queues the job and srun cancels it at the end, and on a busy queue a pair
+            # starts only at a backfill pass (bf_interval, 30 s by default). The launch
+            # deadline (sweep.launch_timeout) gives it up instead.
             "--kill-on-bad-exit=1",
             "--quiet",
         ]
@@ -228,7 +261,7 @@ class SlurmScheduler:
         python = self.settings.rank_python or sys.executable
         return [*argv, python, "-m", "netmon.sweep.rank"]
 
-    def _rank_env(self, plan: PairPlan, deadline: float) -> dict[str, str]:
+    def _rank_env(self, plan: PairPlan, clocks: srun_result.Deadlines) -> dict[str, str]:
         s = self.settings
         nodes = ",".join(f"{n}={self.addresses.get(n, n)}" for n in plan.nodes)
         return {
@@ -237,28 +270,39 @@ class SlurmScheduler:
             "NETMON_SWEEP_SIZE": str(s.size),
             "NETMON_SWEEP_WARMUP": str(s.warmup),
             "NETMON_SWEEP_ITERS": str(s.iters * plan.repeats),
-            "NETMON_SWEEP_DEADLINE": f"{deadline:.3f}",
+            "NETMON_SWEEP_DEADLINE": f"{clocks.hard:.3f}",
+            "NETMON_SWEEP_RUN_S": f"{s.launch_timeout + clocks.run_s:.3f}",
             "NETMON_SWEEP_BACKEND": self.backend,
             "NETMON_SWEEP_NODE_CONFIG": str(s.node_config),
         }
 
     def _wait_all(self, launches: Sequence[_Launch]) -> None:
-        """Every srun to its end or its deadline; the overdue ones get SIGTERM together (srun
-        cancels its job on it), one grace between them, then SIGKILL (the controller is gone
-        and srun cannot cancel)."""
-        for launch in launches:
-            try:
-                launch.process.wait(timeout=max(0.0, launch.deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                launch.timed_out = True
-                _signal(launch.process, signal.SIGTERM)
-        grace = time.time() + TERM_GRACE_S
-        for launch in launches:
-            try:
-                launch.process.wait(timeout=max(0.0, grace - time.time()))
-            except subprocess.TimeoutExpired:
+        """Every srun to its end. A pair is given up by its own clocks (srun_result.Deadlines):
+        queued or not met by its launch deadline, or run past its run time; SIGTERM (srun
+        cancels its job), one grace, then SIGKILL (the controller is gone and srun cannot
+        cancel). The others go on meanwhile: no pair holds its round for another."""
+        live = list(launches)
+        while live:
+            now = time.time()
+            for launch in live:
+                self._tend(launch, now)
+            live = [launch for launch in live if launch.process.poll() is None]
+            if live:
+                time.sleep(POLL_S)
+
+    @staticmethod
+    def _tend(launch: _Launch, now: float) -> None:
+        if launch.process.poll() is not None:
+            return
+        if launch.term_at is not None:
+            if now - launch.term_at >= TERM_GRACE_S:
                 _signal(launch.process, signal.SIGKILL)
                 launch.process.wait()
+            return
+        launch.look(now)
+        late = launch.clocks.late(now, launch.started, launch.joined_at)
+        if late is not None:
+            launch.give_up(late, now)
 
     def _states(self, names: Sequence[str]) -> dict[str, tuple[str, str]]:
         """{job name: (job id, state)} of the submitted jobs the controller still knows."""
@@ -280,8 +324,9 @@ class SlurmScheduler:
         job, state = known if known is not None else (None, None)
         out, err = launch.text()
         found = srun_result.parse(out, launch.plan.rails)
+        waited = (launch.term_at or time.time()) - launch.submitted_at
         outcome, detail = srun_result.classify(
-            launch.process.returncode, state, err, found, launch.timed_out
+            launch.process.returncode, state, err, found, launch.late, waited
         )
         return PairRun(
             plan=launch.plan,
@@ -310,8 +355,12 @@ class SlurmScheduler:
         return text if "switchname=" in text.lower() else None
 
     def cleanup(self) -> None:
-        """Cancel what this sweep submitted and is still queued or running, in one call (a job
-        ends on its own anyway: its ranks at their deadline, the job at its time limit)."""
+        """Cancel what this sweep submitted and is still queued or running: its sruns first
+        (a sweep stopped mid-round by SIGTERM), then its jobs by id, in one call (a job ends
+        on its own anyway: its ranks at their deadline, the job at its time limit)."""
+        for launch in self._live:
+            if launch.process.poll() is None:
+                _signal(launch.process, signal.SIGTERM)
         if not self.submitted:
             return
         try:
@@ -324,3 +373,15 @@ class SlurmScheduler:
                 self._run(["scancel", "--quiet", *jobs], self._tail_timeout())
         except SchedulerError as exc:
             log.warning("sweep: cannot cancel the sweep's jobs: %s", exc)
+        finally:
+            self._reap()
+
+    def _reap(self) -> None:
+        """The sruns that cleanup signalled: waited for, killed after the grace."""
+        for launch in self._live:
+            try:
+                launch.process.wait(timeout=TERM_GRACE_S)
+            except subprocess.TimeoutExpired:
+                _signal(launch.process, signal.SIGKILL)
+                launch.process.wait()
+        self._live = []

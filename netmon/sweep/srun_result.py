@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Literal
 
-from netmon.sweep.rank import EXIT_BUSY, PREFIX
+from netmon.sweep.rank import EXIT_BUSY, JOINED, PREFIX, STARTED
 from netmon.sweep.scheduler import RunOutcome
+
+# Why a pair was given up while it ran: never started by the scheduler in time ("queued"), its
+# ranks did not all meet in time ("meet"), or the run (or the whole round) ran out ("run").
+Late = Literal["queued", "meet", "run"]
 
 _PREEMPTED_STATES = frozenset({"PREEMPTED"})
 _TIMEOUT_STATES = frozenset({"TIMEOUT", "DEADLINE"})
@@ -43,6 +48,42 @@ def parse(stdout: str, rails: int) -> Found:
     return Found(values, min(starts) if starts else None)
 
 
+@dataclass(frozen=True)
+class Deadlines:
+    """A pair's three clocks: from submission to every rank met (`launch`, absolute: a busy
+    queue starts a pair only at a backfill pass), from the meeting to the end (`run_s`), and
+    the round's own end (`hard`)."""
+
+    launch: float
+    run_s: float
+    hard: float
+
+    def late(self, now: float, started: bool, joined_at: float | None) -> Late | None:
+        if now >= self.hard:
+            return "run" if joined_at is not None else ("meet" if started else "queued")
+        if joined_at is None and now >= self.launch:
+            return "meet" if started else "queued"
+        if joined_at is not None and now >= joined_at + self.run_s:
+            return "run"
+        return None
+
+
+def marks(stdout: str) -> tuple[int, int]:
+    """(tasks that started, tasks whose rail's ranks met), from the ranks' marker lines."""
+    started = sum(1 for line in stdout.splitlines() if line.startswith(STARTED))
+    joined = sum(1 for line in stdout.splitlines() if line.startswith(JOINED))
+    return started, joined
+
+
+def given_up(late: Late, waited: float) -> tuple[RunOutcome, str]:
+    """How a pair given up on comes out, unless it measured or was preempted."""
+    if late == "queued":
+        return "busy", f"the scheduler did not start it in {waited:.0f} s (sweep.launch_timeout)"
+    if late == "meet":
+        return "timeout", f"its ranks did not all meet in {waited:.0f} s (sweep.launch_timeout)"
+    return "timeout", f"the pair did not finish in time ({waited:.0f} s since it was submitted)"
+
+
 def _last_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()] or lines
@@ -50,17 +91,25 @@ def _last_error(stderr: str) -> str:
 
 
 def classify(
-    returncode: int | None, state: str | None, stderr: str, found: Found, timed_out: bool
+    returncode: int | None,
+    state: str | None,
+    stderr: str,
+    found: Found,
+    late: Late | None = None,
+    waited: float = 0.0,
 ) -> tuple[RunOutcome, str]:
-    """(outcome, one-line detail)."""
+    """(outcome, one-line detail). `late`: why the sweep gave the pair up, if it did, after
+    `waited` seconds from its submission."""
     if state in _PREEMPTED_STATES or (state is None and "DUE TO PREEMPTION" in stderr):
         return "preempted", "a job of a higher priority took a node"
-    if found.busbw and (returncode == 0 or timed_out):
+    if found.busbw and (returncode == 0 or late is not None):
         # Every rail reported: a measurement, even where srun then hung on its way out (a
         # controller that is gone cannot hear that the job ended).
         return "ok", ""
-    if timed_out or state in _TIMEOUT_STATES:
-        return "timeout", f"the pair did not finish in time (job state {state or 'unknown'})"
+    if late is not None:
+        return given_up(late, waited)
+    if state in _TIMEOUT_STATES:
+        return "timeout", f"the pair did not finish in time (job state {state})"
     if any(message in stderr for message in _BUSY_MESSAGES):
         return "busy", _last_error(stderr)
     if returncode == EXIT_BUSY or f"exit code {EXIT_BUSY}" in stderr:
