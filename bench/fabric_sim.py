@@ -18,8 +18,8 @@ import json
 import random
 import statistics
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from netmon.sweep.fabric import Fabric, Hop, cable
@@ -68,9 +68,12 @@ class Fault:
     link: str  # a cable (node/railK) or an uplink (leaf~spine)
     factor: float  # the link's rate over its healthy rate while the fault shows
     flap: float = 1.0  # the share of measurements in which it shows
+    switch: str | None = None  # the leaf or spine whose every uplink this fault slows
 
     @property
     def kind(self) -> str:
+        if self.switch is not None:
+            return "switch"
         return "uplink" if "~" in self.link else "node-cable"
 
 
@@ -81,6 +84,8 @@ class Network:
     noise: Noise
     rng: random.Random
     line_rate: float = LINE_RATE
+    # Nodes of another type: their busbw over the usual type's (a pair runs at its slower end).
+    speed: Mapping[str, float] = field(default_factory=dict)
 
     def measure(self, pairs: Sequence[PairPlan]) -> list[tuple[float, ...]]:
         """Every pair of one round at once: each one's busbw per rail."""
@@ -109,7 +114,8 @@ class Network:
             share = min(share, self._health(hop.link, by_link) / load[hop])
         for node in nodes:
             share = min(share, self._health(cable(node, rail), by_link))
-        return self.line_rate * share * self.noise.draw(self.rng)
+        speed = min(self.speed.get(node, 1.0) for node in nodes)
+        return self.line_rate * speed * share * self.noise.draw(self.rng)
 
     def _health(self, link: str, by_link: dict[str, Fault]) -> float:
         fault = by_link.get(link)

@@ -10,9 +10,15 @@ of a scheduler. A trial starts with no history: the first sweep on a new cluster
     python bench/sweep_sim.py --nodes 1024 --rails 8 --fault node-cable --trials 100 --seed 1 --json
 
 Fault classes: node-cable (one node's cable on one rail), uplink (one leaf-to-spine uplink),
-multi (three at once, each a cable or an uplink), none (a healthy fabric: false suspects only).
-A fault slows its link to 10-90 % of... (--slowdown: the share of the rate it takes away, drawn
-uniformly), shows in every measurement or, with --flap, in that share of them.
+multi (three at once, each a cable or an uplink), spine or leaf (one switch slow on all its
+uplinks), none (a healthy fabric: false suspects only). A fault slows its link to 10-90 % of its
+rate (--slowdown: the share of the rate it takes away, drawn uniformly), shows in every
+measurement or, with --flap, in that share of them.
+
+Production's conditions: --planner-fabric none (the network has its fabric, the planner is not
+told), --flapping N (N other cables failing half their measurements; naming one, or the path
+through one, is counted apart as flapping_named), --second-type SHARE:FACTOR (a second node
+type, told to the planner as a class).
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from netmon.sweep.scheduler import PairRun
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fabric_sim import Fault, Network, Noise, recorded_deviations
 
-CLASSES = ("node-cable", "uplink", "multi", "none")
-# Rounds within which a fault must be named to count (issue 25's acceptance).
-ROUND_BUDGET = {"node-cable": 2, "uplink": 6, "multi": 6, "none": 6}
+CLASSES = ("node-cable", "uplink", "multi", "spine", "leaf", "none")
+# Rounds within which a fault must be named to count (issue 25's and 35's acceptance).
+ROUND_BUDGET = {"node-cable": 2, "uplink": 6, "multi": 6, "spine": 6, "leaf": 6, "none": 6}
+FLAPPING_SHARE = 0.5  # a flapping cable fails this share of its measurements
 DEFAULT_NOISE_SCALE = 0.3
 DEFAULT_COHORT_RATIO = 0.97
 
@@ -66,13 +73,29 @@ class Setup:
     # its seed), or "ecmp" with a hash the planner does not know (a fabric whose routing is
     # not the model's).
     true_routing: str = "model"
+    planner_fabric: str = "known"  # "none": the planner is not told the fabric
+    flapping: int = 0  # random healthy cables that fail half their measurements, beside the fault
+    # (share, factor): that share of nodes is a second node type, factor times as fast.
+    second_type: tuple[float, float] | None = None
 
 
 def build_fabric(setup: Setup, seed: int) -> tuple[Fabric, list[SweepNode]]:
     groups = _groups(setup)
     fabric = rail_optimised(groups, setup.rails, setup.spines, setup.routing, seed)  # type: ignore[arg-type]
     names = [name for members in groups.values() for name in members]
-    return fabric, [SweepNode(name, rails=setup.rails) for name in names]
+    second = _second_type(setup, names, seed)
+    return fabric, [
+        SweepNode(name, rails=setup.rails, kind="b" if name in second else "a") for name in names
+    ]
+
+
+def _second_type(setup: Setup, names: list[str], seed: int) -> set[str]:
+    """The nodes of the second type: that share of them, at random (a fleet bought in two
+    batches is seldom one block per leaf)."""
+    if setup.second_type is None:
+        return set()
+    share, _ = setup.second_type
+    return set(random.Random(f"types-{seed}").sample(names, round(share * len(names))))
 
 
 def _groups(setup: Setup) -> dict[str, list[str]]:
@@ -93,6 +116,8 @@ def true_fabric(setup: Setup, model: Fabric, seed: int) -> Fabric:
 def draw_faults(
     setup: Setup, fabric: Fabric, nodes: list[SweepNode], rng: random.Random
 ) -> list[Fault]:
+    if setup.fault in ("spine", "leaf"):
+        return _switch_fault(setup, fabric, rng)
     kinds = {"node-cable": ["cable"], "uplink": ["uplink"], "none": []}.get(setup.fault)
     if kinds is None:  # multi
         kinds = [rng.choice(["cable", "uplink"]) for _ in range(3)]
@@ -112,14 +137,47 @@ def draw_faults(
     return faults
 
 
+def _switch_fault(setup: Setup, fabric: Fabric, rng: random.Random) -> list[Fault]:
+    """One leaf or spine slow on all its uplinks (one slowdown for the whole switch)."""
+    uplinks = [link.partition("~") for link in fabric.all_uplinks()]
+    side = 0 if setup.fault == "leaf" else 2
+    switch = rng.choice(sorted({parts[side] for parts in uplinks}))
+    factor = 1.0 - rng.uniform(*setup.slowdown)
+    return [
+        Fault(f"{leaf}~{spine}", factor, setup.flap, switch)
+        for leaf, _, spine in uplinks
+        if (leaf, spine)[side // 2] == switch
+    ]
+
+
+def draw_flapping(
+    setup: Setup, nodes: list[SweepNode], faults: list[Fault], rng: random.Random
+) -> list[Fault]:
+    """Healthy-looking cables that fail half their measurements (a marginal transceiver):
+    beside the fault, never on its node."""
+    faulty = {f.link.partition("/")[0] for f in faults}
+    chosen: set[str] = set()
+    candidates = [n.name for n in nodes if n.name not in faulty]
+    while len(chosen) < min(setup.flapping, len(candidates)):
+        chosen.add(cable(rng.choice(candidates), rng.randrange(setup.rails)))
+    return [Fault(link, 0.5, FLAPPING_SHARE) for link in sorted(chosen)]
+
+
 def run_trial(setup: Setup, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     fabric, nodes = build_fabric(setup, seed)
     faults = draw_faults(setup, fabric, nodes, rng)
+    flapping = draw_flapping(setup, nodes, faults, rng)
     # Separate streams for the faults, the network and the planner (salted, not seed + 1,
     # which is the next trial's fault seed).
     real = true_fabric(setup, fabric, seed)
-    network = Network(real, faults, setup.noise, random.Random(f"network-{seed}"))
+    speed = (
+        {n.name: setup.second_type[1] for n in nodes if n.kind == "b"} if setup.second_type else {}
+    )
+    network = Network(
+        real, faults + flapping, setup.noise, random.Random(f"network-{seed}"), speed=speed
+    )
+    known = setup.planner_fabric == "known"
     loc = Localiser(
         nodes,
         setup.rules,
@@ -127,7 +185,7 @@ def run_trial(setup: Setup, seed: int) -> dict[str, Any]:
         random.Random(f"planner-{seed}"),
         max_rounds=setup.max_rounds,
         confirm_repeats=setup.confirm_repeats,
-        fabric=fabric,
+        fabric=fabric if known else None,
     )
     pairs_per_round: list[int] = []
     while pairs := loc.next_round():
@@ -136,37 +194,66 @@ def run_trial(setup: Setup, seed: int) -> dict[str, Any]:
         loc.record(
             [PairRun(plan, "ok", busbw) for plan, busbw in zip(pairs, measured, strict=True)]
         )
-    scored = score(faults, loc.ranked(), loc.rounds, pairs_per_round, setup)
+    scored = score(faults, flapping, loc.ranked(), loc.rounds, pairs_per_round, setup)
     scored["mismatch"] = loc.ledger is not None and loc.ledger.mismatch is not None
+    scored["refused"] = loc.refused
     return scored
 
 
 def _matches(suspect: Suspect, fault: Fault) -> bool:
+    if fault.switch is not None:
+        return suspect.kind == "switch" and suspect.node == fault.switch
     if suspect.kind == "uplink":
         return fault.link == f"{suspect.node}~{suspect.peer}"
     if suspect.kind == "node":
         return any(fault.link == cable(suspect.node, rail) for rail in suspect.rails)
+    if suspect.kind == "path":  # the path through a bad cable: its end is named with it
+        ends = (suspect.node, suspect.peer or "")
+        return any(fault.link == cable(end, rail) for end in ends for rail in suspect.rails)
     return False
 
 
+def _on_switch(suspect: Suspect, faults: list[Fault]) -> bool:
+    """An uplink of the slow switch named on its own: not the answer, not a healthy link."""
+    return suspect.kind == "uplink" and any(
+        f.link == f"{suspect.node}~{suspect.peer}" for f in faults
+    )
+
+
 def score(
-    faults: list[Fault], ranked: list[Suspect], rounds: int, pairs: list[int], setup: Setup
+    faults: list[Fault],
+    flapping: list[Fault],
+    ranked: list[Suspect],
+    rounds: int,
+    pairs: list[int],
+    setup: Setup,
 ) -> dict[str, Any]:
     budget = ROUND_BUDGET[setup.fault]
+    # A flapping cable is a real fault too: naming its node is neither the answer nor false.
+    flapped = [s for s in ranked if any(_matches(s, f) for f in flapping)]
+    ranked = [s for s in ranked if s not in flapped]
     in_time = [s for s in ranked if s.round <= budget]
-    named = [any(_matches(s, f) for s in in_time) for f in faults]
-    false = [s for s in ranked if not any(_matches(s, f) for f in faults)]
-    top1 = bool(faults) and bool(in_time) and any(_matches(in_time[0], f) for f in faults)
+    switch = setup.fault in ("spine", "leaf")
+    wanted = faults[:1] if switch else faults  # one switch, however many uplinks
+    named = [any(_matches(s, f) for s in in_time) for f in wanted]
+    false = [
+        s
+        for s in ranked
+        if not any(_matches(s, f) for f in faults) and not (switch and _on_switch(s, faults))
+    ]
+    top1 = bool(wanted) and bool(in_time) and any(_matches(in_time[0], f) for f in wanted)
     rounds_named = [
         min(s.round for s in ranked if _matches(s, f))
-        for f in faults
+        for f in wanted
         if any(_matches(s, f) for s in ranked)
     ]
+    single = setup.fault in ("node-cable", "uplink", "spine", "leaf")
     return {
-        "faults": [(f.kind, round(1 - f.factor, 3)) for f in faults],
-        "top1": top1 if setup.fault in ("node-cable", "uplink") else all(named) and bool(faults),
+        "faults": [(f.kind, round(1 - f.factor, 3)) for f in wanted],
+        "top1": top1 if single else all(named) and bool(faults),
         "all_named": all(named) if faults else None,
         "false": len(false),
+        "flapping_named": len(flapped),
         "rounds": rounds,
         "named_round": max(rounds_named) if rounds_named else None,
         "pairs": pairs,
@@ -215,6 +302,12 @@ def summarise(setup: Setup, trials: list[dict[str, Any]], seconds: float) -> dic
         "named_round_max": max(named_rounds) if named_rounds else None,
         "pairs_per_round": per_round,
         "false_suspects": false,
+        "planner_fabric": setup.planner_fabric,
+        "flapping": setup.flapping,
+        "flapping_named": sum(t["flapping_named"] for t in trials),
+        "second_type": list(setup.second_type) if setup.second_type else None,
+        "refused": _share(trials, "refused"),
+        "error": next((t["refused"] for t in trials if t["refused"]), None),
         "true_routing": setup.true_routing,
         "routing_mismatch_flagged": _share(trials, "mismatch"),
         "false_per_10k_node_sweeps": round(false / node_sweeps * 10_000, 3),
@@ -268,6 +361,19 @@ def _plan_rounds(setup: Setup, seed: int, trace: bool) -> list[tuple[int, float,
     return rounds
 
 
+def _share_factor(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    share, _, factor = text.partition(":")
+    try:
+        parsed = float(share), float(factor)
+    except ValueError:
+        raise SystemExit(f"--second-type: {text!r} is not SHARE:FACTOR (e.g. 0.1:0.85)") from None
+    if not (0 < parsed[0] < 1 and parsed[1] > 0):
+        raise SystemExit("--second-type: SHARE between 0 and 1, FACTOR over 0 (e.g. 0.1:0.85)")
+    return parsed
+
+
 def main(argv: list[str] | None = None) -> int:
     # The planner's warnings (a routing that does not fit) are counted in the summary instead.
     logging.getLogger("netmon.sweep").setLevel(logging.ERROR)
@@ -298,6 +404,20 @@ def main(argv: list[str] | None = None) -> int:
         default="model",
         help="how the network really routes: as the planner's model, or ECMP with another hash",
     )
+    parser.add_argument(
+        "--planner-fabric",
+        choices=("known", "none"),
+        default="known",
+        help="whether the planner is told the fabric (the network always has it)",
+    )
+    parser.add_argument(
+        "--flapping", type=int, default=0, help="cables that fail half their measurements"
+    )
+    parser.add_argument(
+        "--second-type",
+        metavar="SHARE:FACTOR",
+        help="that share of nodes is a second node type, FACTOR times as fast (a class)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--plan-cost", action="store_true", help="time and trace one healthy sweep's planning"
@@ -318,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
         rules=Rules(cohort_ratio=args.cohort_ratio, spread_k=args.spread_k),
         noise=Noise(tuple(recorded_deviations()), args.noise_scale),
         true_routing=args.true_routing,
+        planner_fabric=args.planner_fabric,
+        flapping=args.flapping,
+        second_type=_share_factor(args.second_type),
     )
     if args.plan_cost:
         print(json.dumps(planning_cost(setup, args.seed)))

@@ -201,7 +201,8 @@ def test_a_path_left_unchecked_is_undecided() -> None:
 
 
 def test_a_failed_path_between_two_good_nodes_is_named_as_a_path() -> None:
-    """n1-n2's path is slow, each end fine with others: measured again, then named as a path."""
+    """n1-n2's path is slow, each end fine with two others (good twice: one pass of a flapping
+    end is a coin that came up heads): measured again, then named as a path in round 4."""
     loc = Localiser(_nodes(6), Rules(), BaselineBook(BaselinePolicy()), random.Random(0))
     rounds = 0
     while pairs := loc.next_round():
@@ -213,7 +214,7 @@ def test_a_failed_path_between_two_good_nodes_is_named_as_a_path() -> None:
         loc.record(runs)
     if any(set(p.run.plan.nodes) == {"n1", "n2"} for p in loc.judged):
         assert [(s.node, s.peer) for s in loc.suspects()] == [("n1", "n2")]
-        assert rounds == 3
+        assert rounds == 4
     else:
         assert not loc.suspects()  # the matching never paired them: nothing to see
 

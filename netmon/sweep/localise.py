@@ -83,7 +83,7 @@ class Localiser:
     rules: Rules
     history: BaselineBook
     rng: random.Random
-    max_rounds: int = 3
+    max_rounds: int = 4
     odd: Odd = "trio"
     confirm_repeats: int = 1
     judged: list[JudgedPair] = field(default_factory=list)
@@ -98,6 +98,7 @@ class Localiser:
     _failed_rails: dict[str, set[int]] = field(default_factory=dict)
     _failed_with: dict[str, set[str]] = field(default_factory=dict)
     _path_checked: set[tuple[str, ...]] = field(default_factory=set)
+    _passed_with: dict[str, set[str]] = field(default_factory=dict)
     _rounds: int = 0
     _cohorts: dict[tuple[str, int], Cohort] = field(default_factory=dict)
     _by_name: dict[str, SweepNode] = field(default_factory=dict)
@@ -105,6 +106,9 @@ class Localiser:
     fabric: Fabric | None = None
     ledger: Ledger | None = None
     _group_of: dict[str, tuple[str | None, ...]] = field(default_factory=dict)
+    # Why the sweep names nothing from what it measured (one line), where it cannot tell a bad
+    # node from the fabric it was not told: its report's `error`.
+    refused: str | None = None
 
     def __post_init__(self) -> None:
         if self.fabric is not None:
@@ -157,10 +161,19 @@ class Localiser:
             for g in open_groups
             if (ends := tuple(n for n in g if n not in settled and n not in self.gone))
         ]
+        # Ends that passed once only are tried with another partner before their pair's path
+        # is blamed: a flapping end passes half the time, and its path "fails again".
+        to_test += [
+            ends
+            for g in open_groups
+            if len(g) == 2
+            and all(n in self.good for n in g)
+            and (ends := tuple(n for n in g if not self._vouched(n) and n not in self.gone))
+        ]
         checks = [
             g
             for g in open_groups
-            if len(g) == 2 and all(n in self.good for n in g) and not self.gone & set(g)
+            if len(g) == 2 and all(self._vouched(n) for n in g) and not self.gone & set(g)
         ]
         available = [n for n in self.nodes if n.name not in self.gone]
         good = sorted(self.good - self.gone)
@@ -171,12 +184,32 @@ class Localiser:
             good,
             checks,
             self.rng,
-            self._failed_with,
+            self._avoid(),
             self._group_of or None,
         )
         if self.ledger is not None:
             pairs += self._uplink_pairs(available, pairs, good)
         return [self._confirming(pair) for pair in pairs]
+
+    def _vouched(self, node: str) -> bool:
+        """Good twice: passed with two different partners, or once with a history of passing
+        sweeps behind it. One pass of a flapping node is a coin that came up heads."""
+        partners = self._passed_with.get(node, set())
+        if len(partners) >= 2:
+            return True
+        if not partners:
+            return False
+        rails = self._node(node).rails
+        size = self.rules.size
+        return all(self.history.lines(history_key(node, r, size)) for r in range(rails))
+
+    def _avoid(self) -> dict[str, set[str]]:
+        """Who each node must not be paired with: those it failed with, and those it passed
+        with (a second pass with the same partner vouches for nothing new)."""
+        avoid = {name: set(peers) for name, peers in self._failed_with.items()}
+        for name, peers in self._passed_with.items():
+            avoid.setdefault(name, set()).update(peers)
+        return avoid
 
     def _confirming(self, pair: PairPlan) -> PairPlan:
         if pair.purpose in CONFIRMING:
@@ -264,6 +297,8 @@ class Localiser:
             return  # not measured: tried again while its nodes stay idle
         if pair.passed:
             self.good |= set(nodes)
+            for node in nodes:
+                self._passed_with.setdefault(node, set()).update(set(nodes) - {node})
             if pair.run.plan.purpose == "path":
                 self._path_checked.add(_key(nodes))
             return

@@ -88,7 +88,7 @@ def _fabric(scheduler: Scheduler, settings: SweepConfig, nodes: list[SweepNode])
 
 
 def _max_rounds(settings: SweepConfig, fabric: Fabric | None) -> int:
-    """sweep.max_rounds where set; else 3, or 6 with a fabric (uplinks take 3 to 4 rounds)."""
+    """sweep.max_rounds where set; else 4, or 6 with a fabric (uplinks take 3 to 4 rounds)."""
     if fabric is None or "max_rounds" in settings.model_fields_set:
         return settings.max_rounds
     return FABRIC_ROUNDS

@@ -69,7 +69,6 @@ class Scheduler(Protocol):
         `scontrol show topology`); None where it keeps none."""
 
 
-
 @contextlib.contextmanager
 def exiting_on_signals() -> Iterator[None]:
     """While inside: SIGTERM (a CronJob's activeDeadlineSeconds, a deleted pod, an operator's

@@ -66,7 +66,8 @@ class SweepConfig(BaseModel):
     # or a fabric file (docs/SWEEPS.md, "Uplinks"); unset: nodes only.
     fabric: str | None = None
     routing: Literal["table", "ecmp"] = "table"  # how leaves pick an uplink (netmon.sweep.fabric)
-    max_rounds: int = Field(3, ge=1, le=10)
+    # A path is named in round 4: each end passes with two other partners first.
+    max_rounds: int = Field(4, ge=1, le=10)
     # A pair that can name a node, a path or an uplink runs this many times `iters`: one slow
     # stretch of a measurement then does not name a healthy node (docs/SWEEPS.md).
     confirm_repeats: int = Field(3, ge=1, le=10)

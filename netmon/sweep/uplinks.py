@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from netmon.sweep.fabric import Fabric, Hop
@@ -162,12 +162,11 @@ class Ledger:
         for link in sorted({u for obs in self._failed() for u in self._uplinks(obs)}):
             if link in self.named or not self._bad(link):
                 continue
-            blamed = self.isolated(link)
-            # Two pairs, one of them placed (and measured longer) to confirm: two noisy
-            # pairs of one round that share an uplink do not name it.
-            if len({obs.nodes for obs in blamed}) < self.confirm or not any(
-                obs.confirming for obs in blamed
-            ):
+            blamed = _apart(self.isolated(link))
+            # Two pairs with no node in common, one of them placed (and measured longer) to
+            # confirm: two noisy pairs of one round that share an uplink do not name it, nor
+            # one flapping cable measured twice through it.
+            if len(blamed) < self.confirm or not any(obs.confirming for obs in blamed):
                 continue
             leaf, _, spine = link.partition("~")
             ratios = [obs.ratio for obs in blamed if obs.ratio is not None]
@@ -213,6 +212,15 @@ class Ledger:
         if self.mismatch is not None:
             return []  # crossing more of them would tell nothing
         return [link for link in self.fabric.all_uplinks() if link not in self.crossed]
+
+
+def _apart(observations: Sequence[Observation]) -> list[Observation]:
+    """Observations no two of which share a node (the first of each clash kept)."""
+    kept: list[Observation] = []
+    for obs in observations:
+        if not any(set(obs.nodes) & set(other.nodes) for other in kept):
+            kept.append(obs)
+    return kept
 
 
 def _switches(links: Collection[str]) -> set[str]:
@@ -331,18 +339,40 @@ def plan_round(
 def _retests(
     ledger: Ledger, pool: Pool, load: RoundLoad, round_: int, rng: random.Random
 ) -> list[PairPlan]:
+    """One pair per candidate uplink. The worst candidate of each spine is measured with a
+    partner whose own uplink is clear; the others beside it (a failure through a bad uplink
+    makes the partner leaf's uplink a candidate too) with any partner but through the worst:
+    their passing clears them, and the worst then has clear partners in the next round."""
     fabric = ledger.fabric
+    candidates = ledger.candidates()
+    worst: dict[str, str] = {}
+    for link in candidates:
+        worst.setdefault(link.partition("~")[2], link)
     plans = []
-    for link in ledger.candidates():
+    for link in candidates:
         leaf, _, spine = link.partition("~")
         rail = fabric.rail_of(leaf)
-        # Nodes not yet in a failure of this uplink first: their cables then vouch for it.
+        # Only nodes not yet in a failure of this uplink: a node's cable measured through it
+        # twice would confirm its own flapping as the uplink's fault.
         seen = ledger.seen_failing(link)
-        here = sorted(pool.under(leaf), key=lambda n: n in seen)
-        found = _through(ledger, pool, here, (leaf, rail, spine), load, rng, avoid=seen)
+        here = [n for n in pool.under(leaf) if n not in seen]
+        if worst[spine] == link:
+            partner_ok = _clear_beside(ledger, leaf)
+        else:
+            partner_ok = _not_through(set(worst.values()))
+        found = _through(ledger, pool, here, (leaf, rail, spine), load, rng, seen, partner_ok)
         if found is not None:
             plans.append(_place(found, pool, load, round_, "uplink"))
     return plans
+
+
+def _clear_beside(ledger: Ledger, leaf: str) -> Callable[[Sequence[Hop]], bool]:
+    """The partner's uplinks (those not at `leaf`) have all passed at least as often as failed."""
+    return lambda hops: all(ledger.clear(h.link) for h in hops if h.leaf != leaf)
+
+
+def _not_through(links: Collection[str]) -> Callable[[Sequence[Hop]], bool]:
+    return lambda hops: not any(h.link in links for h in hops)
 
 
 def _through(
@@ -353,10 +383,11 @@ def _through(
     load: RoundLoad,
     rng: random.Random,
     avoid: Collection[str] | None = None,
+    partner_ok: Callable[[Sequence[Hop]], bool] | None = None,
 ) -> tuple[tuple[str, str], list[Hop]] | None:
     """A pair (one node under the uplink's leaf, one elsewhere) one of whose flows on the
     rail goes through the spine, fitting the round. With `avoid` (a retest), the partner is
-    none of those and the uplinks its flows cross at its own leaf are clear."""
+    none of those; `partner_ok` judges the pair's uplink directions."""
     fabric = ledger.fabric
     leaf, rail, spine = where
     for x in here[:CANDIDATE_TRIES]:
@@ -366,7 +397,7 @@ def _through(
             hops = fabric.pair_hops((x, y), rail)
             if not any(h.spine == spine for h in hops):
                 continue
-            if avoid is not None and not all(ledger.clear(h.link) for h in hops if h.leaf != leaf):
+            if partner_ok is not None and not partner_ok(hops):
                 continue
             rails = pool.rails((x, y))
             if rails <= rail:
