@@ -12,12 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from netmon.sweep import classes
 from netmon.sweep.kube_manifests import ANNOTATION_DEADLINE, LABEL_PAIR, LABEL_SWEEP
 from netmon.sweep.kube_settings import Toleration
 
 # Owners of pods that run on every node whatever a user schedules: they never make it busy.
 SYSTEM_OWNERS = frozenset({"DaemonSet", "Node"})  # Node: a static (mirror) pod
 _TAINTS_THAT_BLOCK = frozenset({"NoSchedule", "NoExecute"})
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # GPU feature discovery's, e.g. NVIDIA-H100-80GB-HBM3
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # the Job controller's annotation
 
 
@@ -46,6 +48,7 @@ class NodeView:
     taints: tuple[Mapping[str, Any], ...]
     gpus: int  # allocatable
     address: str | None  # InternalIP
+    kind: str = ""  # its node class (netmon.sweep.classes): GPU product and count
 
 
 def node_view(node: Mapping[str, Any], gpu_resource: str) -> NodeView:
@@ -63,7 +66,14 @@ def node_view(node: Mapping[str, Any], gpu_resource: str) -> NodeView:
         taints=tuple(spec.get("taints") or ()),
         gpus=gpus,
         address=addresses.get("InternalIP"),
+        kind=classes.node_class(gpus, _products(node)),
     )
+
+
+def _products(node: Mapping[str, Any]) -> list[str]:
+    """The GPU model GPU feature discovery labels the node with (nvidia.com/gpu.product)."""
+    product = (_meta(node).get("labels") or {}).get(GPU_PRODUCT_LABEL)
+    return [str(product)] if product else []
 
 
 def tolerated(taint: Mapping[str, Any], tolerations: Sequence[Toleration]) -> bool:

@@ -153,7 +153,7 @@ class KubernetesScheduler:
             address = daemons.get(view.name) or view.address or view.name
             self.addresses[view.name] = address
             rails = self.settings.rails or max(view.gpus, 1)
-            found.append(SweepNode(view.name, rails=rails, address=address))
+            found.append(SweepNode(view.name, rails=rails, address=address, kind=view.kind))
         return found
 
     def taken(self, nodes: Sequence[str]) -> set[str]:

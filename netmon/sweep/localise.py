@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 # Pairs across leaves, measured for the uplinks they cross: their failures are the uplink
 # ledger's to explain, not the nodes'.
 UPLINK_PURPOSES = ("uplink", "cover")
+# A class with fewer pairs than this on a rail is judged with its node classes' other tiers.
+SMALL_COHORT = 8
 # Pairs whose failure can name a node, a path or an uplink: they measure confirm_repeats times.
 CONFIRMING = ("locate", "path", "uplink")
 
@@ -263,7 +265,7 @@ class Localiser:
             judge_rail(
                 rail,
                 busbw,
-                self._cohorts.get((self._class(nodes, rail), rail)),
+                self._cohort(nodes, rail),
                 history_lines(self.history, nodes, rail, self.rules.size),
                 self.rules,
             )
@@ -279,12 +281,29 @@ class Localiser:
                 continue
             for rail, busbw in enumerate(run.busbw):
                 values.setdefault((self._class(run.plan.nodes, rail), rail), []).append(busbw)
-        return class_cohorts(values, self.rules)
+        return class_cohorts(_widened(values), self.rules)
 
     def _class(self, nodes: Sequence[str], rail: int) -> str:
+        """The pair's node classes and fabric tier: what its busbw is compared within."""
         if self.fabric is not None:
-            return tier([self.fabric.leaf(n, rail) for n in nodes])
-        return tier([self._node(n).leaf for n in nodes])
+            where = tier([self.fabric.leaf(n, rail) for n in nodes])
+        else:
+            where = tier([self._node(n).leaf for n in nodes])
+        return f"{_kinds(self._node(n).kind for n in nodes)}@{where}"
+
+    def _cohort(self, nodes: Sequence[str], rail: int) -> Cohort | None:
+        """The pair's class's cohort; a pair across classes, which runs at its slower end's
+        speed, takes the slowest of its members' own classes' (same tier)."""
+        found = self._cohorts.get((self._class(nodes, rail), rail))
+        if found is not None:
+            return found
+        kinds = {self._node(n).kind for n in nodes}
+        if len(kinds) < 2:
+            return None
+        where = self._class(nodes, rail).partition("@")[2]
+        own = [self._cohorts.get((f"{_kinds([k])}@{where}", rail)) for k in kinds]
+        present = [c for c in own if c is not None]
+        return min(present, key=lambda c: c.level) if len(present) == len(own) else None
 
     def _node(self, name: str) -> SweepNode:
         if len(self._by_name) != len(self.nodes):
@@ -387,6 +406,25 @@ class Localiser:
                 for verdict in pair.rails:
                     key = history_key(node, verdict.rail, self.rules.size)
                     self.history.learn_healthy(key, verdict.busbw)
+
+
+def _widened(values: dict[tuple[str, int], list[float]]) -> dict[tuple[str, int], list[float]]:
+    """A class with fewer than SMALL_COHORT values on a rail takes its node classes' values
+    at every tier: the upper quartile of three pairs is their best, and a minority node type
+    matched across leaves would be judged against it."""
+    by_kinds: dict[tuple[str, int], list[float]] = {}
+    for (cls, rail), found in values.items():
+        by_kinds.setdefault((cls.partition("@")[0], rail), []).extend(found)
+    return {
+        (cls, rail): found
+        if len(found) >= SMALL_COHORT
+        else by_kinds[(cls.partition("@")[0], rail)]
+        for (cls, rail), found in values.items()
+    }
+
+
+def _kinds(kinds: Iterable[str]) -> str:
+    return "+".join(sorted(set(kinds)))
 
 
 def _key(nodes: Sequence[str]) -> tuple[str, ...]:

@@ -58,11 +58,12 @@ def first_round(
 ) -> tuple[list[PairPlan], list[str]]:
     """A random perfect matching of `nodes`, and the node left out (odd count, odd="wait").
 
-    Nodes with the same number of rails are matched together first, so that every rail of a
-    pair is measured; what is left over is matched across (on the rails both have)."""
-    groups: dict[int, list[SweepNode]] = {}
+    Nodes of one class with the same number of rails are matched together first, so that
+    every rail of a pair is measured and each pair is judged among its own class; what is
+    left over is matched across (on the rails both have)."""
+    groups: dict[tuple[int, str], list[SweepNode]] = {}
     for node in nodes:
-        groups.setdefault(node.rails, []).append(node)
+        groups.setdefault((node.rails, node.kind), []).append(node)
     leftover: list[SweepNode] = []
     pairs: list[tuple[SweepNode, ...]] = []
     for rails in sorted(groups):
@@ -222,14 +223,15 @@ def _take(
     avoid: set[str],
     group_of: Mapping[str, Hashable],
 ) -> str | None:
-    """A good node with at least this node's rails (of its group first), else any good node;
-    never one in `avoid`."""
+    """A good node of its class with at least this node's rails (of its group first), else
+    any good node; never one in `avoid`."""
     group = group_of.get(node.name)
     best: tuple[int, int] | None = None  # (rank, index): 0 is the best there is
     for index, name in enumerate(free_good):
         if name in avoid:
             continue
-        rank = 2 * (by_name[name].rails < node.rails)
+        rank = 4 * (by_name[name].kind != node.kind)
+        rank += 2 * (by_name[name].rails < node.rails)
         rank += group is None or group_of.get(name) != group
         if best is None or rank < best[0]:
             best = (rank, index)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from netmon.sweep import srun_result
+from netmon.sweep import classes, srun_result
 from netmon.sweep.plan import PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun, SchedulerError
 from netmon.sweep.settings import SweepConfig
@@ -45,18 +45,12 @@ TERM_GRACE_S = 5.0  # srun has this long after SIGTERM to cancel its job before 
 TAIL_S = TERM_GRACE_S + 2 * 3.0
 POLL_S = 0.5  # how often a round's pairs are looked at while they run
 MAX_OUTPUT = 1 << 20  # of srun's stdout or stderr read back
-_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 _ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
 
 
 def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signum)
-
-
-def gpus_of(gres: str) -> int:
-    """GPUs in sinfo's %G ("gpu:8", "gpu:h100:8(S:0-1)", "(null)")."""
-    return sum(int(m.group(1)) for m in _GPU_GRES.finditer(gres))
 
 
 def job_name(prefix: str, sweep: str, plan: PairPlan, index: int) -> str:
@@ -120,8 +114,8 @@ class SlurmScheduler:
     sweep: str
     partition: str
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    backend: str = "gloo"
     addresses: dict[str, str] = field(default_factory=dict)
+    gpus: dict[str, int] = field(default_factory=dict)  # each node's, from its gres
     submitted: list[str] = field(default_factory=list)
     _deadline: float = float("inf")
     _live: list[_Launch] = field(default_factory=list)  # the round's sruns, while it runs
@@ -150,25 +144,29 @@ class SlurmScheduler:
         return done.stdout
 
     def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
-        argv = ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%G|%o"]
+        argv = ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%G|%o|%f"]
         if nodelist:
             argv += ["-n", nodelist]
         seen: dict[str, SweepNode] = {}
-        gpu_counts: set[int] = set()
         for line in self._run(argv).splitlines():
-            name, state, gres, address = ([*line.split("|"), "", "", ""])[:4]
+            name, state, gres, address, features = ([*line.split("|"), "", "", "", ""])[:5]
             if not name or state.strip() not in IDLE_STATES or name in seen:
                 continue
-            gpus = gpus_of(gres)
-            gpu_counts.add(gpus)
+            gpus = classes.gpus_of(gres)
+            kind = classes.node_class(
+                gpus, classes.gpu_types(gres), classes.slurm_features(features)
+            )
             rails = self.settings.rails or max(gpus, 1)
-            seen[name] = SweepNode(name, rails=rails, address=address.strip() or name)
-            self.addresses[name] = address.strip() or name
-        if self.settings.backend == "auto":
-            self.backend = "nccl" if gpu_counts and min(gpu_counts) > 0 else "gloo"
-        else:
-            self.backend = self.settings.backend
+            where = address.strip() or name
+            seen[name] = SweepNode(name, rails=rails, address=where, kind=kind)
+            self.addresses[name] = where
+            self.gpus[name] = gpus
         return list(seen.values())
+
+    def backend(self, plan: PairPlan) -> str:
+        """NCCL where every node of the pair has GPUs (sweep.backend: auto), else gloo: a
+        CPU-only node in the partition no longer turns every pair into TCP."""
+        return classes.backend_for(self.settings.backend, (self.gpus.get(n, 0) for n in plan.nodes))
 
     def taken(self, nodes: Sequence[str]) -> set[str]:
         if not nodes:
@@ -256,7 +254,7 @@ class SlurmScheduler:
             argv.append(f"--qos={self.settings.qos}")
         if self.settings.account:
             argv.append(f"--account={self.settings.account}")
-        if self.backend == "nccl":
+        if self.backend(plan) == "nccl":
             argv.append(f"--gpus-per-node={plan.rails}")
         python = self.settings.rank_python or sys.executable
         return [*argv, python, "-m", "netmon.sweep.rank"]
@@ -272,7 +270,7 @@ class SlurmScheduler:
             "NETMON_SWEEP_ITERS": str(s.iters * plan.repeats),
             "NETMON_SWEEP_DEADLINE": f"{clocks.hard:.3f}",
             "NETMON_SWEEP_RUN_S": f"{s.launch_timeout + clocks.run_s:.3f}",
-            "NETMON_SWEEP_BACKEND": self.backend,
+            "NETMON_SWEEP_BACKEND": self.backend(plan),
             "NETMON_SWEEP_NODE_CONFIG": str(s.node_config),
         }
 
