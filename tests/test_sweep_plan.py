@@ -15,6 +15,7 @@ import pytest
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
 from netmon.sweep import rank, srun_result
+from netmon.sweep.fabric import Fabric, flat
 from netmon.sweep.judge import Rules, cohort_line, history_key, judge_rail
 from netmon.sweep.localise import Localiser
 from netmon.sweep.plan import PairPlan, SweepNode, first_round, locate_round
@@ -38,13 +39,16 @@ def _sweep(
     paths: dict[frozenset[str], float] | None = None,
     rails: int = 1,
     max_rounds: int = 3,
+    fabric: Fabric | None = None,
 ) -> Localiser:
     """One sweep on a simulated cluster: a pair runs at its slower cable's (or path's) speed,
     each rail with its own noise; `taken[r]`: nodes a job takes just before round r (their
     pairs in it are preempted, and they are no longer idle after it)."""
     rng = random.Random(seed * 7919 + 1)
     book = book or BaselineBook(BaselinePolicy())
-    loc = Localiser(_nodes(count, rails), Rules(), book, random.Random(seed), max_rounds)
+    loc = Localiser(
+        _nodes(count, rails), Rules(), book, random.Random(seed), max_rounds, fabric=fabric
+    )
     busy: set[str] = set()
     while pairs := loc.next_round(available=[n.name for n in _nodes(count) if n.name not in busy]):
         busy |= (taken or {}).get(loc.rounds, set())
@@ -120,14 +124,35 @@ def test_a_healthy_cluster_names_nobody_over_many_sweeps() -> None:
 
 
 def test_history_names_a_slow_node_that_its_cohort_cannot() -> None:
-    """Half the cluster cut at once: the cohort's level falls with it; history does not."""
+    """Half the cluster cut at once: the cohort's level falls with it; history does not. (Under
+    one switch, sweep.fabric: flat: without a fabric, round 1 failing all its pairs reads as
+    contention, and nobody is named: the next test.)"""
+    book = BaselineBook(BaselinePolicy())
+    one_switch = flat([n.name for n in _nodes(8)], 1)
+    for seed in range(30):
+        _sweep(8, {}, seed, book=book, fabric=one_switch)
+    cut = {"n1": 0.5, "n2": 0.5, "n3": 0.5, "n4": 0.5, "n5": 0.5}
+    loc = _sweep(8, cut, 99, book=book, fabric=one_switch)
+    assert {s.node for s in loc.suspects()} >= {"n1", "n2", "n3", "n4", "n5"} - set(loc.undecided())
+    assert not {s.node for s in loc.suspects()} & {"n6", "n7", "n8"}
+
+
+def test_without_a_fabric_contention_names_nobody_and_too_many_nodes_refuse() -> None:
+    """Round 1 failing more pairs than faults explain: nobody named, the reason given, which
+    says how to give the fabric; more nodes than one leaf may hold: refused before round 1."""
     book = BaselineBook(BaselinePolicy())
     for seed in range(30):
         _sweep(8, {}, seed, book=book)
     cut = {"n1": 0.5, "n2": 0.5, "n3": 0.5, "n4": 0.5, "n5": 0.5}
     loc = _sweep(8, cut, 99, book=book)
-    assert {s.node for s in loc.suspects()} >= {"n1", "n2", "n3", "n4", "n5"} - set(loc.undecided())
-    assert not {s.node for s in loc.suspects()} & {"n6", "n7", "n8"}
+    assert loc.rounds == 1 and not loc.suspects()
+    assert loc.refused is not None and "round 1 failed 4 of 4 pairs" in loc.refused
+    assert "sweep.fabric" in loc.refused
+    many = Localiser(_nodes(65), Rules(), BaselineBook(BaselinePolicy()), random.Random(1))
+    assert many.next_round() == [] and many.refused is not None
+    assert "65 nodes" in many.refused and "sweep.max_nodes_without_fabric=64" in many.refused
+    one_bad = _sweep(8, {"n3": 0.4}, 5)
+    assert one_bad.refused is None and [s.node for s in one_bad.suspects()] == ["n3"]
 
 
 def test_a_preempted_pair_is_never_judged_and_its_taken_node_leaves_the_sweep() -> None:
@@ -286,7 +311,9 @@ def test_a_round_of_a_thousand_nodes_is_planned_and_judged_in_well_under_seconds
     """Judging grows with the pairs, not with their cube (the next issue sweeps 4,096 nodes):
     about 0.3 s here for 1,024 nodes x 8 rails; the bound leaves room for a busy machine."""
     nodes = _nodes(1024, rails=8)
-    loc = Localiser(nodes, Rules(), BaselineBook(BaselinePolicy()), random.Random(0))
+    book = BaselineBook(BaselinePolicy())
+    one_switch = flat([n.name for n in nodes], 8)  # a sweep this wide needs its fabric
+    loc = Localiser(nodes, Rules(), book, random.Random(0), fabric=one_switch)
     rng = random.Random(1)
     started = time.perf_counter()
     pairs = loc.next_round()

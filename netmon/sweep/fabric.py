@@ -152,3 +152,9 @@ def rail_optimised(
 
 def _railed(name: str, rail: int, rails: int) -> str:
     return name if rails == 1 else f"{name}/rail{rail}"
+
+
+def flat(nodes: Sequence[str], rails: int) -> Fabric:
+    """A cluster under one switch per rail (sweep.fabric: flat): every pair under one leaf,
+    no uplink to contend on."""
+    return rail_optimised({"flat": list(nodes)}, rails, 0)

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep import plan, uplinks
+from netmon.sweep import blind, plan, uplinks
 from netmon.sweep.fabric import Fabric, cable
 from netmon.sweep.judge import (
     Cohort,
@@ -111,6 +111,7 @@ class Localiser:
     # Why the sweep names nothing from what it measured (one line), where it cannot tell a bad
     # node from the fabric it was not told: its report's `error`.
     refused: str | None = None
+    max_nodes_without_fabric: int = blind.MAX_NODES_WITHOUT_FABRIC
 
     def __post_init__(self) -> None:
         if self.fabric is not None:
@@ -126,8 +127,12 @@ class Localiser:
         still idle (the scheduler's answer now); the others leave the sweep."""
         if available is not None:
             self.gone |= {n.name for n in self.nodes} - set(available)
-        if self._rounds >= self.max_rounds:
+        if self._rounds >= self.max_rounds or self.refused is not None:
             return []
+        if self._rounds == 0 and self.fabric is None:
+            self.refused = blind.before(len(self.nodes), self.max_nodes_without_fabric)
+            if self.refused is not None:
+                return []
         if self._rounds == 0:
             nodes = [n for n in self.nodes if n.name not in self.gone]
             if self.fabric is not None:
@@ -253,6 +258,12 @@ class Localiser:
             if self.ledger.mismatch is None and self.ledger.check_routing(self._rounds):
                 log.warning("sweep: %s", self.ledger.mismatch)
             self.ledger.settle(self._rounds)
+        if self.fabric is None and self._rounds == 1:
+            self.refused = blind.after_first_round(
+                [pair.passed for pair in judged if pair.passed is not None]
+            )
+            if self.refused is not None:
+                return judged  # measured, reported, and judged no further
         for pair in judged:
             self._learn_outcome(pair, good_before)
         return judged

@@ -17,7 +17,7 @@ import yaml
 from netmon.baseline.book import BaselineBook
 from netmon.errors import UsageError
 from netmon.sweep import fabric_file, report
-from netmon.sweep.fabric import Fabric
+from netmon.sweep.fabric import Fabric, flat
 from netmon.sweep.judge import Rules
 from netmon.sweep.localise import Localiser
 from netmon.sweep.plan import SweepNode
@@ -66,10 +66,23 @@ def rules_of(settings: SweepConfig, policy: Any) -> Rules:
 
 
 def _fabric(scheduler: Scheduler, settings: SweepConfig, nodes: list[SweepNode]) -> Fabric | None:
-    """The fabric sweep.fabric names: the scheduler's switch tree, or a file."""
-    if settings.fabric is None:
-        return None
+    """The fabric sweep.fabric names: the scheduler's switch tree, or a file; unset, the
+    scheduler's switch tree where it keeps one (a sweep without a fabric claims less)."""
     rails = max(n.rails for n in nodes)
+    if settings.fabric is None:
+        try:
+            text = scheduler.topology()
+        except SchedulerError:
+            return None
+        if text is None:
+            return None
+        try:
+            return fabric_file.parse_topology(text, rails, settings.routing)
+        except ValueError as exc:
+            log.warning("sweep: the scheduler's switches are not used: %s", exc)
+            return None
+    if settings.fabric == "flat":
+        return flat([n.name for n in nodes], rails)
     if settings.fabric == "slurm":
         try:
             text = scheduler.topology()
@@ -128,6 +141,7 @@ def run_sweep(
         odd=settings.odd,
         confirm_repeats=settings.confirm_repeats,
         fabric=fabric,
+        max_nodes_without_fabric=settings.max_nodes_without_fabric,
     )
     notes: list[str] = []
     try:
@@ -142,6 +156,8 @@ def run_sweep(
     if whole["routing_mismatch"]:
         notes.append(whole["routing_mismatch"])
     whole["notes"] = notes
+    if loc.refused is not None:
+        raise CouldNotRun(loc.refused, whole)
     measured = sum(1 for pair in loc.judged if pair.passed is not None)
     if not measured:
         first = next((p.run.detail for p in loc.judged if p.run.detail), "no pair ran")

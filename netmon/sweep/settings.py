@@ -62,10 +62,16 @@ class SweepConfig(BaseModel):
     pair_timeout: float = Field(300.0, gt=0)
     deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
     # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
-    # topology/tree plugin's switches, `scontrol show topology`), or a path to a topology.conf
-    # or a fabric file (docs/SWEEPS.md, "Uplinks"); unset: nodes only.
+    # topology/tree plugin's switches, `scontrol show topology`), "flat" (every node under one
+    # switch per rail), or a path to a topology.conf or a fabric file (docs/SWEEPS.md,
+    # "Uplinks"); unset: the scheduler's switches where it lists any, else none
+    # (netmon.sweep.blind: what a sweep claims without one).
     fabric: str | None = None
     routing: Literal["table", "ecmp"] = "table"  # how leaves pick an uplink (netmon.sweep.fabric)
+    # Without a fabric (none given, and the scheduler lists no switches), more nodes than this
+    # may span leaves: the sweep refuses rather than name contention as bad nodes
+    # (netmon.sweep.blind). Raise it only for a cluster known to sit under one switch.
+    max_nodes_without_fabric: int = Field(64, ge=2)
     # A path is named in round 4: each end passes with two other partners first.
     max_rounds: int = Field(4, ge=1, le=10)
     # A pair that can name a node, a path or an uplink runs this many times `iters`: one slow
