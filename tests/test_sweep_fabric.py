@@ -19,8 +19,9 @@ import pytest
 
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
+from netmon.cli import sweep_command
 from netmon.errors import UsageError
-from netmon.sweep import hostlist
+from netmon.sweep import hostlist, report
 from netmon.sweep.fabric import Fabric, Hop, rail_optimised
 from netmon.sweep.fabric_file import load, parse_fabric_file, parse_topology
 from netmon.sweep.judge import Rules
@@ -191,17 +192,54 @@ def test_a_routing_the_fabric_does_not_follow_names_no_uplink_and_says_so() -> N
         assert loc.ledger is not None and loc.ledger.mismatch is None
 
 
-def test_a_leaf_slow_on_every_uplink_is_no_routing_mismatch() -> None:
-    """Many uplinks, one switch: the candidates point at the leaf, the routing is not blamed."""
+def test_a_leaf_slow_on_every_uplink_is_named_as_the_switch() -> None:
+    """Many uplinks, one switch: the leaf is named (no uplink of it alone, no node, no routing
+    mismatch), and nothing is left undecided."""
     fabric = _fabric(groups=8, size=16, rails=2)
     slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.startswith("su0/rail0~")]
     for seed in range(3):
         loc, _ = _sweep(fabric, 2, slow, seed)
         assert loc.ledger is not None and loc.ledger.mismatch is None
-        pending = [*loc.ledger.undecided(), *loc.ledger.named]
-        # Each failed pair's other end adds its own uplinks: the slow leaf's are most of them.
-        on_leaf = [link for link in pending if link.startswith("su0/rail0~")]
-        assert len(on_leaf) * 2 > len(pending), pending
+        assert [(s.kind, s.node, s.peer, s.rails) for s in loc.suspects()] == [
+            ("switch", "su0/rail0", "leaf", (0,))
+        ], seed
+        assert not loc.ledger.undecided() and not loc.undecided()
+    entry = report.suspect_entry(loc.suspects()[0])
+    assert entry == {
+        "kind": "switch",
+        "switch": "su0/rail0",
+        "level": "leaf",
+        "rails": [0],
+        "round": entry["round"],
+        "ratio": entry["ratio"],
+    }
+    assert (
+        sweep_command.human(
+            {
+                "sweep": "s",
+                "nodes": [],
+                "rounds": 4,
+                "wall_seconds": 1.0,
+                "pairs": [],
+                "suspects": [entry],
+            }
+        ).count("leaf switch su0/rail0 (every uplink of it)")
+        == 1
+    )
+
+
+def test_a_spine_slow_on_every_uplink_is_named_and_one_bad_uplink_is_no_switch() -> None:
+    fabric = _fabric(groups=8, size=16, rails=2)
+    spine = fabric.all_uplinks()[3].partition("~")[2]
+    slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.endswith(f"~{spine}")]
+    for seed in range(3):
+        loc, _ = _sweep(fabric, 2, slow, seed)
+        assert [(s.kind, s.node, s.peer) for s in loc.suspects()] == [("switch", spine, "spine")], (
+            seed
+        )
+        one, _ = _sweep(fabric, 2, slow[:1], seed)
+        leaf = slow[0].link.partition("~")[0]
+        assert [(s.kind, s.node, s.peer) for s in one.suspects()] == [("uplink", leaf, spine)]
 
 
 def test_the_uplinks_that_explain_failures_are_counted_greedily() -> None:

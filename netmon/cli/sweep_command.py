@@ -237,5 +237,7 @@ def human(whole: dict[str, Any], wide: bool = False) -> str:
 def _suspect_text(suspect: dict[str, Any]) -> str:
     if suspect.get("kind") == "uplink":
         return f"uplink {suspect['uplink']}"
+    if suspect.get("kind") == "switch":
+        return f"{suspect['level']} switch {suspect['switch']} (every uplink of it)"
     where = f" (the path to {suspect['peer']})" if "peer" in suspect else ""
     return f"{suspect['node']}{where}"

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep import blind, plan, uplinks
+from netmon.sweep import blind, plan, uplink_plan
 from netmon.sweep.fabric import Fabric, cable
 from netmon.sweep.judge import (
     Cohort,
@@ -33,7 +33,8 @@ from netmon.sweep.judge import (
 )
 from netmon.sweep.plan import Odd, PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun
-from netmon.sweep.uplinks import Ledger, RoundLoad
+from netmon.sweep.uplink_plan import RoundLoad
+from netmon.sweep.uplinks import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +72,12 @@ class JudgedPair:
 
 @dataclass(frozen=True)
 class Suspect:
-    node: str  # the node; for an uplink, its leaf switch
+    node: str  # the node; for an uplink, its leaf switch; for a switch, the switch
     rails: tuple[int, ...]
-    peer: str | None = None  # the other node of a named path; for an uplink, its spine
+    # The other node of a named path; for an uplink, its spine; for a switch, its level.
+    peer: str | None = None
     round: int = 0
-    kind: str = "node"  # node, path or uplink
+    kind: str = "node"  # node, path, uplink or switch
     ratio: float | None = None  # the worst failure's busbw over its expected level
 
 
@@ -234,7 +236,7 @@ class Localiser:
             load.take(pair.nodes, pair.rails)
         busy = {n for pair in taken for n in pair.nodes}
         free = [n for n in good if n not in busy and n not in self.named]
-        return uplinks.plan_round(
+        return uplink_plan.plan_round(
             self.ledger, available, free, load, self._rounds + 1, self.rng, self._group_of
         )
 
@@ -391,6 +393,10 @@ class Localiser:
             named += [
                 Suspect(u.leaf, (u.rail,), u.spine, u.round, "uplink", u.ratio)
                 for u in self.ledger.named.values()
+            ]
+            named += [
+                Suspect(w.switch, (w.rail,), w.level, w.round, "switch", w.ratio)
+                for w in self.ledger.named_switches.values()
             ]
         return named
 

@@ -51,7 +51,9 @@ def suspect_entry(suspect: Suspect) -> dict[str, Any]:
     """A node: `node`; a path: `node` and `peer`; an uplink: `uplink` (leaf~spine), `leaf`
     and `spine`, with no `node` (no node's daemon exports it)."""
     entry: dict[str, Any] = {"kind": suspect.kind}
-    if suspect.kind == "uplink":
+    if suspect.kind == "switch":
+        entry |= {"switch": suspect.node, "level": suspect.peer}
+    elif suspect.kind == "uplink":
         entry |= {"uplink": f"{suspect.node}~{suspect.peer}", "leaf": suspect.node}
         entry["spine"] = suspect.peer
     else:
@@ -102,7 +104,7 @@ def peer_results(pairs: list[JudgedPair], node: str) -> list[PeerResult]:
 
 def node_reports(sweep: str, loc: Localiser, finished_at: float) -> list[NodeReport]:
     """Each node's share: its results, and whether it was named (a path's named end only)."""
-    suspects = [s for s in loc.suspects() if s.kind != "uplink"]
+    suspects = [s for s in loc.suspects() if s.kind not in ("uplink", "switch")]
     named = {s.node for s in suspects if s.kind == "node"}
     paths: dict[str, list[str]] = {}
     for s in suspects:
