@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from netmon.exposition.catalogue import CATALOGUE
+from netmon.sweep import textfile
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "netmon-rules.yaml"
@@ -48,8 +49,9 @@ def documents() -> list[Path]:
 
 def exported_names() -> set[str]:
     """Every sample name netmon exports: a counter only with `_total`. The catalogue holds no
-    histogram or summary (its Kind), so no `_bucket`, `_sum` or `_count` either."""
-    return {family.sample_name for family in CATALOGUE}
+    histogram or summary (its Kind), so no `_bucket`, `_sum` or `_count` either. The sweep
+    host's textfile adds its own gauges."""
+    return {family.sample_name for family in CATALOGUE} | {f.name for f in textfile.FAMILIES}
 
 
 def rules() -> list[dict[str, str]]:

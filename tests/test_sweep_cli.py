@@ -13,8 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.cli import sweep_command, table
+from netmon.sweep import textfile
 from netmon.sweep.plan import PairPlan
 from netmon.sweep.settings import SweepConfig
 from netmon.sweep.slurm import SlurmScheduler
@@ -65,6 +68,51 @@ def test_no_controller_is_exit_3_with_a_json_error(tmp_path: Path) -> None:
     assert report["error"] and report["rounds"] == 0 and report["suspects"] == []
     assert {"pairs", "results", "skips", "undecided"} <= set(report)
     assert "could not run" in done.stderr
+
+
+def test_a_sweep_that_could_not_run_says_so_in_its_textfile(tmp_path: Path) -> None:
+    """exit 3 in the textfile too: a sweep host whose sweeps stopped running is visible."""
+    prom = tmp_path / "sweep.prom"
+    done = _sweep(tmp_path, "--partition", "p", "--textfile", str(prom))
+    assert done.returncode == 3
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    assert families["netmon_sweep_report_exit_code"].samples[0].value == 3
+    assert families["netmon_sweep_report_suspect"].samples == []
+
+
+def test_the_textfile_names_every_kind_of_suspect_and_what_is_undecided() -> None:
+    whole = {
+        "rounds": 5,
+        "pairs": [{"outcome": "pass"}, {"outcome": "pass"}, {"outcome": "fail"}],
+        "suspects": [
+            {"kind": "node", "node": "n3", "rails": [0, 2]},
+            {"kind": "path", "node": "n1", "peer": "n2", "rails": [1]},
+            {"kind": "uplink", "uplink": "su1/rail0~spine2/rail0", "rails": [0]},
+            {"kind": "switch", "switch": "spine4/rail1", "level": "spine", "rails": [1]},
+        ],
+        "undecided": ["n7"],
+        "undecided_uplinks": ["su2/rail1~spine1/rail1"],
+    }
+    text = generate_latest(textfile.registry_of(whole, 1, 1700000000.0)).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    suspects = {
+        (s.labels["kind"], s.labels["subject"], s.labels["peer"], s.labels["rail"])
+        for s in families["netmon_sweep_report_suspect"].samples
+    }
+    assert suspects == {
+        ("node", "n3", "", "0"),
+        ("node", "n3", "", "2"),
+        ("path", "n1", "n2", "1"),
+        ("uplink", "su1/rail0~spine2/rail0", "", "0"),
+        ("switch", "spine4/rail1", "spine", "1"),
+    }
+    undecided = {
+        (s.labels["kind"], s.labels["subject"])
+        for s in families["netmon_sweep_report_undecided"].samples
+    }
+    assert undecided == {("node", "n7"), ("uplink", "su2/rail1~spine1/rail1")}
+    pairs = {s.labels["outcome"]: s.value for s in families["netmon_sweep_report_pairs"].samples}
+    assert pairs == {"pass": 2, "fail": 1}
 
 
 def _whole() -> dict[str, Any]:

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,11 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.cli.main import build_parser
 from tests.conftest import wait_for
 from tests.daemon_harness import GROUP_SECRET, DaemonProcess, secret_file, series
 from tests.slurm_cluster import SlurmCluster
+from tests.tools import promtool
 
 HEALTHY = "400mbit"
 CUT = "120mbit"  # 30 %
@@ -238,6 +241,32 @@ def test_one_cut_cable_is_named_within_two_rounds_and_exported(clean: Sweeps) ->
         assert exported.keys() == measured.keys()
         for peer, value in exported.items():
             assert value == pytest.approx(measured[peer])  # the JSON agrees with the daemon
+
+
+def test_a_suspect_whose_daemon_is_down_is_named_in_the_sweep_hosts_textfile(
+    clean: Sweeps,
+) -> None:
+    """No daemon answers (the port is wrong for all of them, as for a node whose daemon died):
+    nothing is delivered, and the sweep host's textfile still names the cut node."""
+    bad = random.Random().choice(clean.cluster.node_names)
+    clean.cluster.shape(bad, CUT)
+    textfile = clean.work / "sweep.prom"
+    config = clean.config("down", daemon_port=19999)
+    code, report = clean.run("--textfile", str(textfile), config=config)
+    assert code == 1 and _suspects(report) == [bad], report
+    assert report["delivered"][bad].startswith("unreachable"), report["delivered"]
+    text = textfile.read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    named = [
+        (s.labels["kind"], s.labels["subject"], s.value)
+        for s in families["netmon_sweep_report_suspect"].samples
+    ]
+    assert named == [("node", bad, 1.0)]
+    assert families["netmon_sweep_report_exit_code"].samples[0].value == 1
+    checked = subprocess.run(
+        [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 def test_two_cut_cables_are_both_named_and_no_third(clean: Sweeps) -> None:

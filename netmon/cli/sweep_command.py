@@ -14,6 +14,7 @@ import json
 import os
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,12 @@ def add_parser(commands: Any) -> None:
     )
     sweep.add_argument("--state-dir", type=Path, help="where the nodes' history is kept")
     sweep.add_argument("--seed", type=int, help="seed of the random matching (default: random)")
+    sweep.add_argument(
+        "--textfile",
+        type=Path,
+        help="also write the verdicts (suspects, undecided, pairs, exit code) here in "
+        "node_exporter's textfile format: a suspect whose daemon is down is still named",
+    )
     table.add_wide_flag(sweep)
     sweep.set_defaults(handler=_cmd_sweep)
 
@@ -103,7 +110,21 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     except history.Busy as exc:
         return _could_not_run(args, sweep_id, str(exc), {})
     _print(args, whole)
-    return exit_code(whole)
+    code = exit_code(whole)
+    _textfile(args, whole, code)
+    return code
+
+
+def _textfile(args: argparse.Namespace, whole: dict[str, Any], code: int) -> None:
+    """--textfile: the verdicts for node_exporter's textfile collector, whatever they are."""
+    if args.textfile is None:
+        return
+    from netmon.sweep import textfile
+
+    try:
+        textfile.write(args.textfile, whole, code, time.time())
+    except OSError as exc:
+        print(f"netmon sweep: --textfile {args.textfile}: {exc.strerror or exc}", file=sys.stderr)
 
 
 def exit_code(whole: dict[str, Any]) -> int:
@@ -197,10 +218,11 @@ def _could_not_run(
     args: argparse.Namespace, sweep_id: str, why: str, partial: dict[str, Any]
 ) -> int:
     print(f"netmon sweep: could not run: {why}", file=sys.stderr)
+    empty: dict[str, Any] = {"sweep": sweep_id, "rounds": 0, "pairs": [], "results": []}
+    empty |= {"skips": [], "suspects": [], "undecided": [], **partial, "error": why}
     if args.json:
-        empty: dict[str, Any] = {"sweep": sweep_id, "rounds": 0, "pairs": [], "results": []}
-        empty |= {"skips": [], "suspects": [], "undecided": [], **partial, "error": why}
         print(json.dumps(empty, indent=2))
+    _textfile(args, empty, EXIT_NO_SWEEP)
     return EXIT_NO_SWEEP
 
 
