@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # How one pair came out: judged (pass, fail) or skipped, never judged (the rest).
-OUTCOMES = ("pass", "fail", "preempted", "busy", "error", "timeout")
-Outcome = Literal["pass", "fail", "preempted", "busy", "error", "timeout"]
+OUTCOMES = ("pass", "fail", "preempted", "busy", "error", "timeout", "transport_mismatch")
+Outcome = Literal["pass", "fail", "preempted", "busy", "error", "timeout", "transport_mismatch"]
 SEAL_GROUP = "netmon-sweep"
 MAX_RESULTS = 256  # rails x rounds per node: a report larger than this is refused
 

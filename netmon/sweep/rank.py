@@ -28,11 +28,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from netmon.sweep.gpu_rank import Binding
 
 STARTED_AT = time.time()  # before torch is imported: the scheduler's overhead ends here
 PREFIX = "NETMON-SWEEP "
@@ -144,8 +148,14 @@ def main() -> int:
     if gpus and _gpu_busy(_nvml_index(rail, environ)):
         print(f"netmon sweep rank: GPU {rail} on {me} is in use", file=sys.stderr)
         return EXIT_BUSY
+    binding: Binding | None = None
+    log_file = Path(tempfile.gettempdir()) / f"netmon-sweep-nccl-{os.getpid()}.log"
     if gpus:
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # GPU k as NVML counts it
+        from netmon.sweep import gpu_rank
+
+        binding, added = gpu_rank.prepare(environ, _nvml_index(rail, environ), str(log_file))
+        os.environ.update(added)
     import datetime
 
     import torch
@@ -180,8 +190,23 @@ def main() -> int:
         dist.destroy_process_group()
     if rank == 0:
         line = {"rail": rail, "busbw": value, "times": times, "started_at": STARTED_AT, "node": me}
+        if binding is not None:
+            line |= _transport(binding, log_file)
         print(PREFIX + json.dumps(line), flush=True)
+    log_file.unlink(missing_ok=True)
     return 0
+
+
+def _transport(binding: Binding, log_file: Path) -> dict[str, Any]:
+    """What the rank's NCCL log says of the network it used, and where the rank ran."""
+    from netmon.sweep import gpu_rank
+
+    try:
+        log = log_file.read_text(errors="replace")
+    except OSError:
+        log = ""  # the operator's own NCCL_DEBUG_FILE, or none: nothing is known
+    faults = gpu_rank.transport_faults(log, binding.hca)
+    return {"transport_faults": faults, "hca": binding.hca, "cpus": len(binding.cpus)}
 
 
 if __name__ == "__main__":

@@ -18,9 +18,16 @@ from netmon.sweep.plan import PairPlan, SweepNode
 
 # How a pair's job ended: measured ("ok"), or skipped for a reason that says nothing about
 # the link: a job took a node ("preempted"), a node was not free ("busy"), the job or its
-# ranks failed ("error"), or it ran out of time ("timeout").
-RunOutcome = Literal["ok", "preempted", "busy", "error", "timeout"]
-SKIP_OUTCOMES: tuple[RunOutcome, ...] = ("preempted", "busy", "error", "timeout")
+# ranks failed ("error"), it ran out of time ("timeout"), or its NCCL log showed another
+# network than the pair's own ("transport_mismatch").
+RunOutcome = Literal["ok", "preempted", "busy", "error", "timeout", "transport_mismatch"]
+SKIP_OUTCOMES: tuple[RunOutcome, ...] = (
+    "preempted",
+    "busy",
+    "error",
+    "timeout",
+    "transport_mismatch",
+)
 
 
 class SchedulerError(Exception):

@@ -31,10 +31,14 @@ class SweepConfig(BaseModel):
     partition: str | None = None  # default for --partition
     qos: str | None = None  # a preemptible QOS, where preemption is by QOS
     account: str | None = None
-    # The pair's all_reduce: one size, large enough to be bandwidth-bound.
+    # The pair's all_reduce: one size, large enough to be bandwidth-bound (gloo on the CPU).
     size: int = Field(16 << 20, ge=1024)
     warmup: int = Field(3, ge=0)
     iters: int = Field(10, ge=1)
+    # A GPU pair's (NCCL): 16 MiB x 10 is some 3.5 ms of traffic on a 400 Gb/s rail, too
+    # little to be bandwidth-bound; 1 GiB x 20 is some 4.5 s.
+    nccl_size: int = Field(1 << 30, ge=1024)
+    nccl_iters: int = Field(20, ge=1)
     # Ranks per node, one per rail (rank k uses GPU k and the NIC nearest it); default: the
     # node's GPUs (its Slurm gres), 1 on nodes without GPUs.
     rails: int | None = Field(None, ge=1, le=64)
@@ -90,7 +94,7 @@ class SweepConfig(BaseModel):
     def _rate(cls, value: object) -> object:
         return parse_rate(value) if isinstance(value, str) else value
 
-    @field_validator("size", mode="before")
+    @field_validator("size", "nccl_size", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
         return parse_size(value) if isinstance(value, str) else value  # type: ignore[arg-type]

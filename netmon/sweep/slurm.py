@@ -116,6 +116,7 @@ class SlurmScheduler:
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     addresses: dict[str, str] = field(default_factory=dict)
     gpus: dict[str, int] = field(default_factory=dict)  # each node's, from its gres
+    cpus: dict[str, int] = field(default_factory=dict)  # each node's CPUs (sinfo %c)
     submitted: list[str] = field(default_factory=list)
     _deadline: float = float("inf")
     _live: list[_Launch] = field(default_factory=list)  # the round's sruns, while it runs
@@ -144,12 +145,13 @@ class SlurmScheduler:
         return done.stdout
 
     def nodes(self, partition: str, nodelist: str | None) -> list[SweepNode]:
-        argv = ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%G|%o|%f"]
+        argv = ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%t|%G|%o|%f|%c"]
         if nodelist:
             argv += ["-n", nodelist]
         seen: dict[str, SweepNode] = {}
         for line in self._run(argv).splitlines():
-            name, state, gres, address, features = ([*line.split("|"), "", "", "", ""])[:5]
+            fields = [*line.split("|"), "", "", "", "", ""]
+            name, state, gres, address, features, cpus = fields[:6]
             if not name or state.strip() not in IDLE_STATES or name in seen:
                 continue
             gpus = classes.gpus_of(gres)
@@ -161,6 +163,7 @@ class SlurmScheduler:
             seen[name] = SweepNode(name, rails=rails, address=where, kind=kind)
             self.addresses[name] = where
             self.gpus[name] = gpus
+            self.cpus[name] = int(cpus) if cpus.strip().isdigit() else 0
         return list(seen.values())
 
     def backend(self, plan: PairPlan) -> str:
@@ -256,18 +259,24 @@ class SlurmScheduler:
             argv.append(f"--account={self.settings.account}")
         if self.backend(plan) == "nccl":
             argv.append(f"--gpus-per-node={plan.rails}")
+            # Each rank's share of its node's cores (the rank binds to its GPU's CPUs among
+            # them): one core per task leaves the spin-wait and NCCL's proxy on one core.
+            cores = min((self.cpus.get(n, 0) for n in plan.nodes), default=0) // plan.rails
+            if cores > 1:
+                argv.append(f"--cpus-per-task={cores}")
         python = self.settings.rank_python or sys.executable
         return [*argv, python, "-m", "netmon.sweep.rank"]
 
     def _rank_env(self, plan: PairPlan, clocks: srun_result.Deadlines) -> dict[str, str]:
         s = self.settings
+        nccl = self.backend(plan) == "nccl"
         nodes = ",".join(f"{n}={self.addresses.get(n, n)}" for n in plan.nodes)
         return {
             "NETMON_SWEEP_NODES": nodes,
             "NETMON_SWEEP_PORT": str(s.rendezvous_port),
-            "NETMON_SWEEP_SIZE": str(s.size),
+            "NETMON_SWEEP_SIZE": str(s.nccl_size if nccl else s.size),
             "NETMON_SWEEP_WARMUP": str(s.warmup),
-            "NETMON_SWEEP_ITERS": str(s.iters * plan.repeats),
+            "NETMON_SWEEP_ITERS": str((s.nccl_iters if nccl else s.iters) * plan.repeats),
             "NETMON_SWEEP_DEADLINE": f"{clocks.hard:.3f}",
             "NETMON_SWEEP_RUN_S": f"{s.launch_timeout + clocks.run_s:.3f}",
             "NETMON_SWEEP_BACKEND": self.backend(plan),

@@ -27,11 +27,14 @@ _BUSY_MESSAGES = ("Immediate execution impossible", "Requested nodes are busy", 
 class Found:
     busbw: tuple[float, ...]  # per rail, in rail order; empty unless every rail reported
     started_at: float | None  # the earliest rank start among the reports
+    # Per rail with one: why its NCCL log says it measured another network (GPU pairs).
+    transport: tuple[str, ...] = ()
 
 
 def parse(stdout: str, rails: int) -> Found:
     by_rail: dict[int, float] = {}
     starts: list[float] = []
+    wrong: list[str] = []
     for line in stdout.splitlines():
         if not line.startswith(PREFIX):
             continue
@@ -39,13 +42,17 @@ def parse(stdout: str, rails: int) -> Found:
             report = json.loads(line[len(PREFIX) :])
             rail, busbw = int(report["rail"]), float(report["busbw"])
             starts.append(float(report["started_at"]))
-        except (ValueError, KeyError, TypeError):
+            faults = [str(f) for f in report.get("transport_faults") or ()]
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
         if 0 <= rail < rails and busbw >= 0:
             by_rail[rail] = busbw
+            if faults:
+                hca = report.get("hca") or "its HCA"
+                wrong.append(f"rail {rail} ({hca}): {', '.join(faults)}")
     complete = len(by_rail) == rails
     values = tuple(by_rail[k] for k in range(rails)) if complete else ()
-    return Found(values, min(starts) if starts else None)
+    return Found(values, min(starts) if starts else None, tuple(wrong))
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,10 @@ def classify(
     `waited` seconds from its submission."""
     if state in _PREEMPTED_STATES or (state is None and "DUE TO PREEMPTION" in stderr):
         return "preempted", "a job of a higher priority took a node"
+    if found.busbw and found.transport:
+        # Measured, but over another network than the pair's own (a fallback to TCP sockets,
+        # another HCA): never judged, or a healthy node reads as slow.
+        return "transport_mismatch", "; ".join(found.transport)[:200]
     if found.busbw and (returncode == 0 or late is not None):
         # Every rail reported: a measurement, even where srun then hung on its way out (a
         # controller that is gone cannot hear that the job ended).
