@@ -186,19 +186,47 @@ class Localiser:
         ]
         available = [n for n in self.nodes if n.name not in self.gone]
         good = sorted(self.good - self.gone)
+        # Witnesses have never failed: a node that failed and then passed is cleared of one
+        # failure, not vouched for, and its next failure is its own (_learn_outcome).
+        witnesses = [n for n in good if not self._failed_rails.get(n)]
         pairs = plan.locate_round(
             available,
             self._rounds + 1,
             to_test,
-            good,
+            witnesses,
             checks,
             self.rng,
             self._avoid(),
             self._group_of or None,
+            self._class_levels(),
         )
         if self.ledger is not None:
+            pairs = self._apart_on_uplinks(pairs)
             pairs += self._uplink_pairs(available, pairs, good)
         return [self._confirming(pair) for pair in pairs]
+
+    def _apart_on_uplinks(self, pairs: Sequence[PairPlan]) -> list[PairPlan]:
+        """The round's pairs whose flows share no uplink direction with an earlier one: two
+        locate pairs from one leaf to destinations on the same port would halve each other
+        and name both healthy ends. Those left out wait for the next round."""
+        assert self.fabric is not None
+        load = RoundLoad(self.fabric)
+        kept = []
+        for pair in pairs:
+            if load.fitting(pair.nodes, pair.rails) is None:
+                continue
+            load.take(pair.nodes, pair.rails)
+            kept.append(pair)
+        return kept
+
+    def _class_levels(self) -> dict[str, float]:
+        """Each node class's level (its own cohorts' mean over rails and tiers)."""
+        levels: dict[str, list[float]] = {}
+        for (cls, _), cohort in self._cohorts.items():
+            kinds = cls.partition("@")[0]
+            if "+" not in kinds:
+                levels.setdefault(kinds, []).append(cohort.level)
+        return {kind: sum(found) / len(found) for kind, found in levels.items()}
 
     def _vouched(self, node: str) -> bool:
         """Good twice: passed with two different partners, or once with a history of passing
@@ -355,7 +383,9 @@ class Localiser:
             return
         for node in nodes:
             self._failed_with.setdefault(node, set()).update(set(nodes) - {node})
-        unknown = [n for n in nodes if n not in good_before]
+        unknown = [n for n in nodes if self._suspect_end(n, good_before)]
+        if not unknown:
+            return  # between witnesses: one failure of a node cleared before, noise
         if len(unknown) == 1 and len(nodes) > 1:
             rails = frozenset(r for r in failed if self._uplinks_clear(nodes, r, unknown[0]))
             if rails:
@@ -364,6 +394,17 @@ class Localiser:
         for node in unknown:
             self._failed_rails.setdefault(node, set()).update(failed)
         self._groups[_key(unknown)] = failed
+
+    def _suspect_end(self, node: str, good_before: set[str]) -> bool:
+        """Whether a failed pair's failure may be this end's: not known good; or known good
+        but failing more than passing, by two partners (a marginal cable passes now and then,
+        and would never be named once it had; a healthy node fails by noise now and then)."""
+        if node not in good_before:
+            return True
+        if not self._failed_rails.get(node):
+            return False
+        fails = len(self._failed_with.get(node, ()))
+        return fails >= len(self._passed_with.get(node, ())) + 2
 
     def _uplinks_clear(self, nodes: Sequence[str], rail: int, node: str) -> bool:
         """A failure across leaves names a node only when every uplink its pair crossed has

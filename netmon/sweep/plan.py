@@ -148,6 +148,7 @@ def locate_round(
     rng: random.Random,
     failed_with: Mapping[str, set[str]] | None = None,
     group_of: Mapping[str, Hashable] | None = None,
+    level_of: Mapping[str, float] | None = None,
 ) -> list[PairPlan]:
     """The next round of localisation.
 
@@ -160,7 +161,8 @@ def locate_round(
     pairs: a pass then clears both. A node is never paired with one it failed with
     (`failed_with`): a slow path between them would read as a bad node. Where the fabric is
     known (`group_of`), a good node of the same group comes first: their pair crosses no
-    uplink.
+    uplink. A partner of a slower class (`level_of`: each class's level) never comes first:
+    the pair would run at its speed and hide a cut on the faster end.
     """
     by_name = {n.name: n for n in nodes}
     free_good = [name for name in good if name in by_name]
@@ -179,7 +181,12 @@ def locate_round(
         if name in busy:
             continue
         good_partner = _take(
-            free_good, by_name[name], by_name, partner_of.get(name, set()), group_of or {}
+            free_good,
+            by_name[name],
+            by_name,
+            partner_of.get(name, set()),
+            group_of or {},
+            level_of or {},
         )
         if good_partner is None:
             waiting.append(name)
@@ -222,17 +229,22 @@ def _take(
     by_name: Mapping[str, SweepNode],
     avoid: set[str],
     group_of: Mapping[str, Hashable],
+    level_of: Mapping[str, float],
 ) -> str | None:
-    """A good node of its class with at least this node's rails (of its group first), else
-    any good node; never one in `avoid`."""
+    """The best good partner, never one in `avoid`: not of a slower class, with at least this
+    node's rails, of its group (no uplink between them), of its class; else the best there is."""
     group = group_of.get(node.name)
+    mine = level_of.get(node.kind)
     best: tuple[int, int] | None = None  # (rank, index): 0 is the best there is
     for index, name in enumerate(free_good):
         if name in avoid:
             continue
-        rank = 4 * (by_name[name].kind != node.kind)
-        rank += 2 * (by_name[name].rails < node.rails)
-        rank += group is None or group_of.get(name) != group
+        partner = by_name[name]
+        level = level_of.get(partner.kind)
+        slower = partner.kind != node.kind and (mine is None or level is None or level < mine)
+        rank = 8 * slower + 4 * (partner.rails < node.rails)
+        rank += 2 * (group is None or group_of.get(name) != group)
+        rank += partner.kind != node.kind
         if best is None or rank < best[0]:
             best = (rank, index)
             if rank == 0:

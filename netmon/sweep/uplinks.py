@@ -160,10 +160,11 @@ class Ledger:
             if link in self.named or self._on_named_switch(link) or not self._bad(link):
                 continue
             blamed = switches.apart(self.isolated(link))
-            # Two pairs with no node in common, one of them placed (and measured longer) to
-            # confirm: two noisy pairs of one round that share an uplink do not name it, nor
-            # one flapping cable measured twice through it.
-            if len(blamed) < self.confirm or not any(obs.confirming for obs in blamed):
+            # Pairs with no node in common, `confirm` of them placed (and measured longer) to
+            # confirm it: two noisy pairs of one round that share an uplink do not name it,
+            # nor one flapping cable measured twice through it, nor a noisy cover pair and a
+            # retest that met a flapping cable.
+            if sum(obs.confirming for obs in blamed) < self.confirm:
                 continue
             leaf, _, spine = link.partition("~")
             ratios = [obs.ratio for obs in blamed if obs.ratio is not None]
