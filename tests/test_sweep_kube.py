@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from netmon.cli.main import main
+from netmon.errors import UsageError
 from netmon.sweep import kube_manifests as km
 from netmon.sweep.kube_api import LOG_TAIL_LINES, ApiTarget, KubeApi
 from netmon.sweep.kube_result import judge_logs
@@ -47,11 +48,25 @@ def _sigterm_kept() -> Iterator[None]:
     [
         (["--partition", "p"], {"image": "x"}, "--partition"),
         ([], {}, "sweep.kubernetes.image"),
-        ([], {"image": "x"}, "sweep.kubernetes.api_server"),
-        ([], {"image": "x", "api_server": "http://10.0.0.1:6443"}, "sweep.kubernetes.api_server"),
+        ([], {"image": "x"}, "sweep.kubernetes.pod_priority_class"),
+        ([], {"image": "x", "pod_priority_class": "low"}, "sweep.kubernetes.api_server"),
         (
             [],
-            {"image": "x", "api_server": "https://127.0.0.1:1", "token_file": "/nonexistent/tok"},
+            {
+                "image": "x",
+                "allow_without_pod_priority": True,
+                "api_server": "http://10.0.0.1:6443",
+            },
+            "sweep.kubernetes.api_server",
+        ),
+        (
+            [],
+            {
+                "image": "x",
+                "pod_priority_class": "low",
+                "api_server": "https://127.0.0.1:1",
+                "token_file": "/nonexistent/tok",
+            },
             "sweep.kubernetes.token_file: /nonexistent/tok",
         ),
     ],
@@ -338,12 +353,25 @@ def test_a_whole_sweep_through_the_command(
         report = json.loads(capsys.readouterr().out)
         assert code == 0 and report["suspects"] == [] and len(report["pairs"]) == 2
         assert {p["outcome"] for p in report["pairs"]} == {"pass"}
-        assert report["partition"] == "all nodes" and len(fake.created) == 1
+        # One pair per JobSet (one Workload: Kueue evicts a whole Workload at once).
+        assert report["partition"] == "all nodes" and len(fake.created) == 2
         fake.garbage = ["/api/v1/nodes"]  # garbled at the start: the sweep cannot run
         code = main(["sweep", "--json", "--config", str(config), "--seed", "1"])
     captured = capsys.readouterr()
     assert code == 3 and "the answer is not JSON" in json.loads(captured.out)["error"]
     assert "could not run" in captured.err and "Traceback" not in captured.err
+
+
+def test_gpu_pairs_without_rdma_refuse_unless_allowed(
+    cluster: tuple[FakeCluster, KubernetesScheduler],
+) -> None:
+    fake, scheduler = cluster
+    fake.nodes = [node(f"gpu{i}") for i in range(2)]
+    scheduler.settings = settings(allow_without_rdma=False)
+    with pytest.raises(UsageError, match=r"^sweep.kubernetes.rdma_resource: .*allow_without_rdma"):
+        scheduler.nodes("", None)
+    scheduler.settings = settings(allow_without_rdma=False, rdma_resource="rdma/ib")
+    assert len(scheduler.nodes("", None)) == 2 and scheduler.backend == "nccl"
 
 
 def test_every_api_failure_is_a_scheduler_error(
@@ -435,7 +463,13 @@ def test_a_jobset_kueue_never_took_names_the_queue_and_priority_class(
 def sweep_config(tmp_path: Path, url: str, **sweep: Any) -> Path:
     token = tmp_path / "token"
     token.write_text(TOKEN)
-    kube = {"image": "netmon:0.1.0", "api_server": url, "token_file": str(token)}
+    kube = {
+        "image": "netmon:0.1.0",
+        "api_server": url,
+        "token_file": str(token),
+        "pod_priority_class": "netmon-sweep-pods",
+        "allow_without_rdma": True,
+    }
     config = tmp_path / "netmon.yaml"
     sweep = {"scheduler": "kubernetes", "kubernetes": kube, **sweep}
     config.write_text(yaml.safe_dump({"state_dir": str(tmp_path), "sweep": sweep}))

@@ -32,7 +32,13 @@ SWEEP = "1795650296539-964aea"
 
 
 def settings(**kube: Any) -> SweepConfig:
-    base = {"image": "r.example/netmon:0.1.0", "config_map": "netmon"}
+    base = {
+        "image": "r.example/netmon:0.1.0",
+        "config_map": "netmon",
+        "pod_priority_class": "netmon-sweep-pods",
+        "allow_without_rdma": True,
+        "max_pairs_per_jobset": 8,
+    }
     return SweepConfig(scheduler="kubernetes", kubernetes={**base, **kube})
 
 
@@ -220,7 +226,7 @@ def test_the_settings_name_what_is_wrong() -> None:
     with pytest.raises(UsageError, match=r"sweep\.scheduler"):
         parse_config({"sweep": {"scheduler": "pbs"}})
     config = parse_config({"sweep": {"scheduler": "kubernetes"}}).sweep
-    assert config is not None and config.kubernetes.max_pairs_per_jobset == 8
+    assert config is not None and config.kubernetes.max_pairs_per_jobset == 1  # per Workload
     # The bearer token crosses the network in clear over http: only to this machine.
     for server in ("http://10.0.0.1:6443", "http://api.example:80", "http://127.0.0.1.nip.io"):
         with pytest.raises(UsageError, match=r"^[^\n]*sweep\.kubernetes\.api_server: use https"):

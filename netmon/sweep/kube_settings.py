@@ -76,8 +76,16 @@ class KubernetesSweep(BaseModel):
     )
     gpu_resource: str = "nvidia.com/gpu"
     # Pairs per JobSet: Kueue admits a JobSet as one Workload with a podSet per pair, and a
-    # Workload holds at most 8 podSets (10 in Kueue 0.18, 18 from 0.19).
-    max_pairs_per_jobset: int = Field(8, ge=1, le=18)
+    # Workload holds at most 8 podSets (10 in Kueue 0.18, 18 from 0.19). Kueue evicts a whole
+    # Workload: with 8 pairs in one, one user pod would take 16 nodes' results. 1 by default.
+    max_pairs_per_jobset: int = Field(1, ge=1, le=18)
+    # A sweep refuses to run without pod_priority_class (its pods would preempt nothing, but
+    # the kube-scheduler would not preempt them either for pods Kueue does not manage) and,
+    # on GPU nodes, without rdma_resource (NCCL would measure TCP sockets), unless these say
+    # the site knows: a runtime that injects the RDMA devices, a cluster where every pod is
+    # Kueue's.
+    allow_without_pod_priority: bool = False
+    allow_without_rdma: bool = False
     # The API server; default: the pod's own (KUBERNETES_SERVICE_HOST, its service account).
     api_server: str | None = Field(None, pattern=r"^https?://[^/\s]+$")
     token_file: Path | None = None

@@ -99,8 +99,14 @@ class KubernetesScheduler:
         cls, settings: SweepConfig, sweep: str, environ: Mapping[str, str] | None = None
     ) -> KubernetesScheduler:
         """In the pod's cluster (or sweep.kubernetes.api_server); UsageError names the setting."""
-        if not settings.kubernetes.image:
+        k = settings.kubernetes
+        if not k.image:
             raise UsageError("sweep.kubernetes.image: set the netmon image the pairs' ranks run")
+        if not k.pod_priority_class and not k.allow_without_pod_priority:
+            raise UsageError(
+                "sweep.kubernetes.pod_priority_class: set a PriorityClass below every workload's "
+                "(the chart's sweep.podPriorityClass), or allow_without_pod_priority: true"
+            )
         environ = os.environ if environ is None else environ
         target = api_target(settings.kubernetes, environ)
         return cls(settings, sweep, KubeApi(target), own=own_pod(environ))
@@ -147,6 +153,11 @@ class KubernetesScheduler:
             self.backend = "nccl" if usable and min(v.gpus for v in usable) > 0 else "gloo"
         else:
             self.backend = self.settings.backend
+        if self.backend == "nccl" and not k.rdma_resource and not k.allow_without_rdma:
+            raise UsageError(
+                "sweep.kubernetes.rdma_resource: GPU pairs without the RDMA device plugin's "
+                "resource measure TCP sockets; set it (e.g. rdma/ib), or allow_without_rdma: true"
+            )
         daemons = state.daemon_addresses(pods, k.daemon_labels)
         found = []
         for view in self._free(views, pods):
