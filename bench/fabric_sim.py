@@ -1,9 +1,9 @@
 """The simulated network under a sweep: what a pair's busbw would be on a fabric with faults.
 
 A pair's busbw on one rail is the line rate times the slowest link its flows cross (its two
-cables and, across leaves, the uplinks the routing picks: netmon.sweep.fabric, the same model the
-planner uses), each uplink direction shared equally by the flows of the round that use it, times
-a measurement noise factor drawn from recorded streams.
+cables and, across leaves, the uplinks the routing picks: netmon.sweep.locate.fabric, the same
+model the planner uses), each uplink direction shared equally by the flows of the round that use
+it, times a measurement noise factor drawn from recorded streams.
 
 Noise: the relative deviations of recorded healthy results (tests/fixtures/healthy_streams*.json,
 the 16 MiB all_reduce, conclusive results only) from their local level (the median of the 11
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netmon.sweep.fabric import Fabric, Hop, cable
-from netmon.sweep.plan import PairPlan
+from netmon.sweep.locate.fabric import Fabric, Hop, cable
+from netmon.sweep.locate.plan import PairPlan
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = (

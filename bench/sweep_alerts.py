@@ -5,7 +5,7 @@ NetmonSweepSuspectFlapping (3 onsets in the last 12 sweeps) beside it.
 Each simulated node is swept `--sweeps` times; each sweep names it with probability p,
 independently (a flapping fault: the share of single sweeps that name it, which
 bench/sweep_sim.py measures with --flap; a healthy node: its false-suspect rate). The counts
-are the daemon's own (netmon.sweep.inbox.SweepState, what POST /sweep keeps), and the alert
+are the daemon's own (netmon.sweep.delivery.inbox.SweepState, what POST /sweep keeps), and the alert
 conditions are the rules' (deploy/prometheus/netmon-rules.yaml).
 
     python bench/sweep_alerts.py --json
@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from netmon.sweep.inbox import SweepState
-from netmon.sweep.node_report import NodeReport
+from netmon.sweep.delivery.inbox import SweepState
+from netmon.sweep.delivery.node_report import NodeReport
 
 # The alerts' thresholds (deploy/prometheus/netmon-rules.yaml).
 IN_A_ROW = 2

@@ -3,8 +3,8 @@ and how often does it name a healthy link (docs/SWEEPS.md, docs/BENCHMARKS.md)?
 
 Each trial builds a rail-optimised two-tier fabric (nodes in groups of --leaf-size, one leaf per
 group and rail, --spines spines per rail, every leaf with one uplink to each), injects faults,
-and runs one sweep with netmon's own planner and judge (netmon.sweep.localise.Localiser, the code
-`netmon sweep` runs), its pairs measured by the simulated network (bench/fabric_sim.py) instead
+and runs one sweep with netmon's own planner and judge (netmon.sweep.locate.localise.Localiser, the
+code `netmon sweep` runs), its pairs measured by the simulated network (bench/fabric_sim.py) instead
 of a scheduler. A trial starts with no history: the first sweep on a new cluster.
 
     python bench/sweep_sim.py --nodes 1024 --rails 8 --fault node-cable --trials 100 --seed 1 --json
@@ -38,10 +38,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep.fabric import ROUTINGS, Fabric, cable, rail_optimised
-from netmon.sweep.judge import Rules
-from netmon.sweep.localise import Localiser, Suspect
-from netmon.sweep.plan import SweepNode
+from netmon.sweep.locate.fabric import ROUTINGS, Fabric, cable, rail_optimised
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.localise import Localiser, Suspect
+from netmon.sweep.locate.plan import SweepNode
 from netmon.sweep.scheduler import PairRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -1,10 +1,10 @@
-"""A Kubernetes API server for tests of netmon.sweep.kubernetes: real HTTP on loopback, answering
-the few calls a sweep makes as the API server does (v1 lists, Status errors, label and field
-selectors, pod logs as text), with the part of the JobSet, Job and Kueue controllers, the
+"""A Kubernetes API server for tests of netmon.sweep.kube.scheduler: real HTTP on loopback,
+answering the few calls a sweep makes as the API server does (v1 lists, Status errors, label and
+field selectors, pod logs as text), with the part of the JobSet, Job and Kueue controllers, the
 kube-scheduler and the ranks played by a scenario the test chooses.
 
 As strict as the real one where a sweep could go wrong: a bearer token is required; every call
-is authorized as RBAC would, against what the chart grants (netmon.sweep.kubernetes.PERMISSIONS,
+is authorized as RBAC would, against what the chart grants (netmon.sweep.kube.scheduler.PERMISSIONS,
 which tests/test_helm.py holds equal to the chart's Role and ClusterRole), 403 otherwise; a
 JobSet is validated against the JobSet CRD's schema when created, closed to unknown fields only
 with `fieldValidation=Strict` as the real one (422 otherwise, 409 when it exists); lists honour
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from netmon.sweep.kubernetes import PERMISSIONS
+from netmon.sweep.kube.scheduler import PERMISSIONS
 from tests import crd_schema
 
 TOKEN = "sweep-test-token"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from netmon.serve.sweep_inbox import node_names
-from netmon.sweep.deliver import deliver
+from netmon.sweep.delivery.deliver import deliver
 from tests.conftest import wait_for
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file
 from tests.prometheus_harness import Prometheus

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from netmon.exposition.catalogue import CATALOGUE
-from netmon.sweep import textfile
+from netmon.sweep.delivery import textfile
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "netmon-rules.yaml"

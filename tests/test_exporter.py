@@ -65,7 +65,7 @@ from netmon.probe.streaks import Streak
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.results import Results
-from netmon.sweep.node_report import NodeReport, PeerResult
+from netmon.sweep.delivery.node_report import NodeReport, PeerResult
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "METRICS.md"
 MIB = 1 << 20

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from netmon.config import parse_config
-from netmon.sweep.kubernetes import PERMISSIONS
+from netmon.sweep.kube.scheduler import PERMISSIONS
 from tests import crd_schema
 from tests.test_deploy import (
     DEPLOY,

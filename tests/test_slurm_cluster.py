@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from netmon.sweep.fabric_file import parse_topology
+from netmon.sweep.locate.fabric_file import parse_topology
 from netmon.sweep.settings import SweepConfig
-from netmon.sweep.slurm import SlurmScheduler
+from netmon.sweep.slurm.scheduler import SlurmScheduler
 from tests.conftest import wait_for
 from tests.netns import require_root
 from tests.slurm_cluster import SLURM_PATH, SlurmCluster, process_alive

@@ -1,5 +1,5 @@
 """A mixed fleet: node classes from what the scheduler says of each node, pairs matched and
-judged within their class, and the backend chosen per pair (netmon.sweep.classes)."""
+judged within their class, and the backend chosen per pair (netmon.sweep.locate.classes)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
-from netmon.sweep import classes
-from netmon.sweep.judge import Rules
-from netmon.sweep.localise import Localiser
-from netmon.sweep.plan import PairPlan, SweepNode
+from netmon.sweep.locate import classes
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.localise import Localiser
+from netmon.sweep.locate.plan import PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun
 from netmon.sweep.settings import SweepConfig
-from netmon.sweep.slurm import SlurmScheduler
+from netmon.sweep.slurm.scheduler import SlurmScheduler
 
 LINK = 1.0e8
 

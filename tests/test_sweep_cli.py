@@ -17,10 +17,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.cli import sweep_command, table
-from netmon.sweep import textfile
-from netmon.sweep.plan import PairPlan
+from netmon.sweep.delivery import textfile
+from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.settings import SweepConfig
-from netmon.sweep.slurm import SlurmScheduler
+from netmon.sweep.slurm.scheduler import SlurmScheduler
 
 
 def _sweep(

@@ -21,16 +21,17 @@ from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
 from netmon.cli import sweep_command
 from netmon.errors import UsageError
-from netmon.sweep import hostlist, report
-from netmon.sweep.fabric import Fabric, Hop, rail_optimised
-from netmon.sweep.fabric_file import load, parse_fabric_file, parse_topology
-from netmon.sweep.judge import Rules
-from netmon.sweep.localise import UPLINK_PURPOSES, Localiser
-from netmon.sweep.plan import PairPlan, SweepNode, grouped_first_round
+from netmon.sweep import report
+from netmon.sweep.locate import hostlist
+from netmon.sweep.locate.fabric import Fabric, Hop, rail_optimised
+from netmon.sweep.locate.fabric_file import load, parse_fabric_file, parse_topology
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.localise import UPLINK_PURPOSES, Localiser
+from netmon.sweep.locate.plan import PairPlan, SweepNode, grouped_first_round
+from netmon.sweep.locate.uplinks import hitting_set_size
 from netmon.sweep.runner import Outcome, new_sweep_id, run_sweep
 from netmon.sweep.scheduler import PairRun
 from netmon.sweep.settings import SweepConfig
-from netmon.sweep.uplinks import hitting_set_size
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))

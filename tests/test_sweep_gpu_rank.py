@@ -1,5 +1,5 @@
 """A sweep rank on GPUs, set up as a site runs NCCL between nodes: its GPU's CPUs, the HCA
-nearest its GPU, the transport its NCCL log shows (netmon.sweep.gpu_rank); and the pair's srun
+nearest its GPU, the transport its NCCL log shows (netmon.sweep.ranks.gpu); and the pair's srun
 as a GPU pair gets it. Rehearsed on a simulated DGX H100 with a sysfs tree laid out like a
 real one's: the GPU path needs hardware this machine does not have."""
 
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from netmon.sweep import gpu_rank, srun_result
-from netmon.sweep.plan import PairPlan
-from netmon.sweep.rank import PREFIX
+from netmon.sweep.locate.plan import PairPlan
+from netmon.sweep.ranks import gpu as gpu_rank
+from netmon.sweep.ranks.rank import PREFIX
 from netmon.sweep.settings import SweepConfig
-from netmon.sweep.slurm import SlurmScheduler
+from netmon.sweep.slurm import srun_result
+from netmon.sweep.slurm.scheduler import SlurmScheduler
 from tests.gpu_node import dgx_h100
 
 # What NCCL writes (src/transport/net_ib: "NET/IB : Using%s %s; OOB %s:%s", each device as

@@ -27,10 +27,16 @@ from netmon.exposition.snapshot import SweepView
 from netmon.exposition.webconfig import BasicAuth, WebSecurity
 from netmon.group.auth import Sealer
 from netmon.serve.sweep_inbox import STATE_FILE, SweepInbox, load, node_names
-from netmon.sweep import inbox
-from netmon.sweep.deliver import deliver
-from netmon.sweep.inbox import SweepState, accept
-from netmon.sweep.node_report import MAX_RESULTS, SEAL_GROUP, NodeReport, PeerResult, seal_key
+from netmon.sweep.delivery import inbox
+from netmon.sweep.delivery.deliver import deliver
+from netmon.sweep.delivery.inbox import SweepState, accept
+from netmon.sweep.delivery.node_report import (
+    MAX_RESULTS,
+    SEAL_GROUP,
+    NodeReport,
+    PeerResult,
+    seal_key,
+)
 from tests.conftest import wait_for
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file, series
 from tests.test_http_hostile import exchange, status

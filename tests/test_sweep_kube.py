@@ -22,12 +22,12 @@ import yaml
 
 from netmon.cli.main import main
 from netmon.errors import UsageError
-from netmon.sweep import kube_manifests as km
-from netmon.sweep.kube_api import LOG_TAIL_LINES, ApiTarget, KubeApi
-from netmon.sweep.kube_result import judge_logs
-from netmon.sweep.kube_state import PodRef
-from netmon.sweep.kubernetes import PERMISSIONS, KubernetesScheduler
-from netmon.sweep.plan import PairPlan
+from netmon.sweep.kube import manifests as km
+from netmon.sweep.kube.api import LOG_TAIL_LINES, ApiTarget, KubeApi
+from netmon.sweep.kube.result import judge_logs
+from netmon.sweep.kube.scheduler import PERMISSIONS, KubernetesScheduler
+from netmon.sweep.kube.state import PodRef
+from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.scheduler import SchedulerError
 from tests.fake_apiserver import TOKEN, FakeCluster, serving
 from tests.test_sweep_kube_manifests import SWEEP, env_of, rank_lines, settings
@@ -514,7 +514,7 @@ def test_a_pairs_pods_run_their_ranks_and_report_where_they_ran(tmp_path: Path) 
     # Index 0 on node-b: the node that is index 0 is the scheduler's choice.
     pods = [
         subprocess.Popen(
-            [sys.executable, "-m", "netmon.sweep.pod_ranks"],
+            [sys.executable, "-m", "netmon.sweep.kube.pod_ranks"],
             env={**base, "JOB_COMPLETION_INDEX": str(index), "NETMON_SWEEP_NODE": where},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

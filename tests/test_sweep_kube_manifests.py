@@ -18,12 +18,12 @@ from pydantic import ValidationError
 from netmon.config import parse_config
 from netmon.errors import UsageError
 from netmon.serve.sweep_inbox import node_names
-from netmon.sweep import kube_manifests as km
-from netmon.sweep.kube_result import BUSY_AFTER_S, PairWatch, judge_logs
-from netmon.sweep.kube_settings import Toleration
-from netmon.sweep.kube_state import PodRef, PodView, occupied, tolerated
-from netmon.sweep.kubernetes import own_pod
-from netmon.sweep.plan import PairPlan
+from netmon.sweep.kube import manifests as km
+from netmon.sweep.kube.result import BUSY_AFTER_S, PairWatch, judge_logs
+from netmon.sweep.kube.scheduler import own_pod
+from netmon.sweep.kube.settings import Toleration
+from netmon.sweep.kube.state import PodRef, PodView, occupied, tolerated
+from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.runner import new_sweep_id
 from netmon.sweep.settings import SweepConfig
 from tests import crd_schema
@@ -59,7 +59,7 @@ def env_of(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def rank_lines(nodes: list[str], index: int, rails: int, busbw: float, exits: int = 0) -> str:
-    """A pod's log as netmon.sweep.pod_ranks and netmon.sweep.rank write it."""
+    """A pod's log as netmon.sweep.kube.pod_ranks and netmon.sweep.ranks.rank write it."""
     lines = []
     if index == 0 and exits == 0:
         for rail in range(rails):

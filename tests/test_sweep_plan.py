@@ -14,13 +14,14 @@ import pytest
 
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
-from netmon.sweep import rank, srun_result
-from netmon.sweep.fabric import Fabric, flat
-from netmon.sweep.judge import Rules, cohort_line, history_key, judge_rail
-from netmon.sweep.localise import Localiser
-from netmon.sweep.plan import PairPlan, SweepNode, first_round, locate_round
-from netmon.sweep.rank import PREFIX
+from netmon.sweep.locate.fabric import Fabric, flat
+from netmon.sweep.locate.judge import Rules, cohort_line, history_key, judge_rail
+from netmon.sweep.locate.localise import Localiser
+from netmon.sweep.locate.plan import PairPlan, SweepNode, first_round, locate_round
+from netmon.sweep.ranks import rank
+from netmon.sweep.ranks.rank import PREFIX
 from netmon.sweep.scheduler import PairRun
+from netmon.sweep.slurm import srun_result
 
 LINK = 1.0e8
 

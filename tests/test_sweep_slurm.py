@@ -90,7 +90,7 @@ class Sweeps:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"netmon.sweep.rank" in cmdline:
+            if b"netmon.sweep.ranks.rank" in cmdline:
                 found.append(pid)
         return found
 

@@ -119,7 +119,7 @@ def _textfile(args: argparse.Namespace, whole: dict[str, Any], code: int) -> Non
     """--textfile: the verdicts for node_exporter's textfile collector, whatever they are."""
     if args.textfile is None:
         return
-    from netmon.sweep import textfile
+    from netmon.sweep.delivery import textfile
 
     try:
         textfile.write(args.textfile, whole, code, time.time())
@@ -141,8 +141,8 @@ def _scheduler(args: argparse.Namespace, settings: Any, sweep_id: str) -> tuple[
     """The scheduler the pairs run on, and what the report calls the nodes' partition: Slurm's,
     or on Kubernetes the node selector."""
     if (args.scheduler or settings.scheduler) == "kubernetes":
-        from netmon.sweep.kube_state import label_selector
-        from netmon.sweep.kubernetes import KubernetesScheduler
+        from netmon.sweep.kube.scheduler import KubernetesScheduler
+        from netmon.sweep.kube.state import label_selector
 
         if args.partition:
             raise UsageError(
@@ -150,7 +150,7 @@ def _scheduler(args: argparse.Namespace, settings: Any, sweep_id: str) -> tuple[
             )
         chosen = label_selector(settings.kubernetes.node_selector) or "all nodes"
         return KubernetesScheduler.connect(settings, sweep_id), chosen
-    from netmon.sweep.slurm import SlurmScheduler
+    from netmon.sweep.slurm.scheduler import SlurmScheduler
 
     partition = args.partition or settings.partition
     if not partition:
@@ -168,7 +168,8 @@ def _sweep(
     secret: bytes | None,
     auth: tuple[str, str] | None,
 ) -> dict[str, Any]:
-    from netmon.sweep import deliver, history, report
+    from netmon.sweep import history, report
+    from netmon.sweep.delivery import deliver
     from netmon.sweep.runner import run_sweep
 
     sweep_id = scheduler.sweep

@@ -13,7 +13,7 @@ from netmon.gpu.compat import FAULT_REASONS
 from netmon.gpu.idle import REASONS as IDLE_REASONS
 from netmon.probe.cpushare import MODES
 from netmon.probe.forking import FALLBACK_REASONS, START_METHODS
-from netmon.sweep.inbox import REPORT_OUTCOMES
+from netmon.sweep.delivery.inbox import REPORT_OUTCOMES
 
 # info: a gauge that is always 1 and carries metadata in its labels, named *_info. The text format
 # netmon serves (0.0.4) has no info type, so it is exposed as a gauge, as it always was.
@@ -336,7 +336,7 @@ CATALOGUE: tuple[Family, ...] = (
            "Group messages that failed authentication (wrong secret, tampered, replayed or stale),"
            " by the member they claimed to come from"),
     # sweep: this node's share of the last cluster sweep delivered to it (labels bounded by the
-    # rails x peers of one sweep: netmon.sweep.node_report.MAX_RESULTS)
+    # rails x peers of one sweep: netmon.sweep.delivery.node_report.MAX_RESULTS)
     Family("sweep", "netmon_sweep_busbw_bytes_per_second", "gauge", "bytes_per_second",
            ("peer", "rail"), "busbw of this node's rail with `peer`, latest judged result of the "
            "last sweep", "sweep"),

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from netmon.baseline import Verdict
     from netmon.probe.spec import ProbeOutcome, SizeResult
     from netmon.probe.streaks import Streak
-    from netmon.sweep.node_report import NodeReport
+    from netmon.sweep.delivery.node_report import NodeReport
 
 SeriesKey: TypeAlias = tuple[str, str, int, str, int]  # (probe, op, size_bytes, path, ranks)
 

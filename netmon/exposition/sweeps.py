@@ -11,7 +11,7 @@ from prometheus_client.core import Metric
 from netmon.exposition.catalogue import SWEEP_REPORT_OUTCOMES
 from netmon.exposition.families import add_known, family
 from netmon.exposition.snapshot import Snapshot
-from netmon.sweep.node_report import NodeReport, PeerResult
+from netmon.sweep.delivery.node_report import NodeReport, PeerResult
 
 
 def sweep_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -1,7 +1,7 @@
-"""The daemon's side of cluster sweeps: POST /sweep hands it a sealed report, netmon.sweep.inbox
-decides, and what it accepts is kept in state_dir/sweep.json, so that a restart keeps the last
-results, the count of sweeps in a row that named this node and the verdicts of its recent
-sweeps, and published for /metrics."""
+"""The daemon's side of cluster sweeps: POST /sweep hands it a sealed report,
+netmon.sweep.delivery.inbox decides, and what it accepts is kept in state_dir/sweep.json, so that a
+restart keeps the last results, the count of sweeps in a row that named this node and the verdicts
+of its recent sweeps, and published for /metrics."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from netmon.config import NetmonConfig
 from netmon.errors import one_line
 from netmon.exposition.snapshot import SweepView
 from netmon.group.auth import setting_secret
-from netmon.sweep import inbox
-from netmon.sweep.inbox import InboxError, SweepState
+from netmon.sweep.delivery import inbox
+from netmon.sweep.delivery.inbox import InboxError, SweepState
 
 log = logging.getLogger(__name__)
 

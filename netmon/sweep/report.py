@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from netmon.sweep.localise import JudgedPair, Localiser, Suspect
-from netmon.sweep.node_report import NodeReport, PeerResult
+from netmon.sweep.delivery.node_report import NodeReport, PeerResult
+from netmon.sweep.locate.localise import JudgedPair, Localiser, Suspect
 
 
 def pair_outcome(pair: JudgedPair) -> str:

@@ -16,11 +16,12 @@ import yaml
 
 from netmon.baseline.book import BaselineBook
 from netmon.errors import UsageError
-from netmon.sweep import fabric_file, report
-from netmon.sweep.fabric import Fabric, flat
-from netmon.sweep.judge import Rules
-from netmon.sweep.localise import Localiser
-from netmon.sweep.plan import SweepNode
+from netmon.sweep import report
+from netmon.sweep.locate import fabric_file
+from netmon.sweep.locate.fabric import Fabric, flat
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.localise import Localiser
+from netmon.sweep.locate.plan import SweepNode
 from netmon.sweep.scheduler import Scheduler, SchedulerError
 from netmon.sweep.settings import SweepConfig
 

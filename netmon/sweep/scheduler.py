@@ -1,8 +1,10 @@
-"""The one interface a sweep needs from a scheduler; Slurm (netmon.sweep.slurm) is the first.
+"""The one interface a sweep needs from a scheduler; Slurm (netmon.sweep.slurm.scheduler) is the
+first.
 
 A scheduler lists the nodes a sweep may use, tells whether another sweep is running, and runs
 one round of pairs, each as its own small preemptible job, returning how each came out. It
-judges nothing: the planner and the judge are pure (netmon.sweep.plan, netmon.sweep.localise).
+judges nothing: the planner and the judge are pure (netmon.sweep.locate.plan,
+netmon.sweep.locate.localise).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Literal, Protocol
 
-from netmon.sweep.plan import PairPlan, SweepNode
+from netmon.sweep.locate.plan import PairPlan, SweepNode
 
 # How a pair's job ended: measured ("ok"), or skipped for a reason that says nothing about
 # the link: a job took a node ("preempted"), a node was not free ("busy"), the job or its

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from netmon.bandwidth import parse_duration, parse_rate, parse_size
-from netmon.sweep.kube_settings import KubernetesSweep
+from netmon.sweep.kube.settings import KubernetesSweep
 
 
 class SweepConfig(BaseModel):
@@ -47,7 +47,7 @@ class SweepConfig(BaseModel):
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     # Rail k's rendezvous listens on this port + k on the pair's first node.
     rendezvous_port: int = Field(29410, ge=1024, lt=65000)
-    # The interpreter that runs netmon.sweep.rank on the nodes; default: this one (the same
+    # The interpreter that runs netmon.sweep.ranks.rank on the nodes; default: this one (the same
     # install path on every node, as a shared software tree or an image gives).
     rank_python: str | None = None
     # A pair's cohort line: under ratio x the cohort's level (the upper quartile of its class).
@@ -69,12 +69,14 @@ class SweepConfig(BaseModel):
     # topology/tree plugin's switches, `scontrol show topology`), "flat" (every node under one
     # switch per rail), or a path to a topology.conf or a fabric file (docs/SWEEPS.md,
     # "Uplinks"); unset: the scheduler's switches where it lists any, else none
-    # (netmon.sweep.blind: what a sweep claims without one).
+    # (netmon.sweep.locate.blind: what a sweep claims without one).
     fabric: str | None = None
-    routing: Literal["table", "ecmp"] = "table"  # how leaves pick an uplink (netmon.sweep.fabric)
+    routing: Literal["table", "ecmp"] = (
+        "table"  # how leaves pick an uplink (netmon.sweep.locate.fabric)
+    )
     # Without a fabric (none given, and the scheduler lists no switches), more nodes than this
     # may span leaves: the sweep refuses rather than name contention as bad nodes
-    # (netmon.sweep.blind). Raise it only for a cluster known to sit under one switch.
+    # (netmon.sweep.locate.blind). Raise it only for a cluster known to sit under one switch.
     max_nodes_without_fabric: int = Field(64, ge=2)
     # A path is named in round 4: each end passes with two other partners first.
     max_rounds: int = Field(4, ge=1, le=10)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from netmon.errors import UsageError
-from netmon.sweep.kube_settings import KubernetesSweep
+from netmon.sweep.kube.settings import KubernetesSweep
 from netmon.sweep.scheduler import SchedulerError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from netmon.sweep.plan import PairPlan
+from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.settings import SweepConfig
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -220,7 +220,7 @@ def _container(
         "name": CONTAINER,
         "image": k.image,
         "imagePullPolicy": k.image_pull_policy,
-        "command": ["python", "-m", "netmon.sweep.pod_ranks"],
+        "command": ["python", "-m", "netmon.sweep.kube.pod_ranks"],
         "env": _env(part, index, plan, settings),
         "resources": {"requests": {"cpu": str(plan.rails), "memory": memory}, "limits": limits},
         "securityContext": _security(settings),

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from netmon.sweep import classes
-from netmon.sweep.kube_manifests import ANNOTATION_DEADLINE, LABEL_PAIR, LABEL_SWEEP
-from netmon.sweep.kube_settings import Toleration
+from netmon.sweep.kube.manifests import ANNOTATION_DEADLINE, LABEL_PAIR, LABEL_SWEEP
+from netmon.sweep.kube.settings import Toleration
+from netmon.sweep.locate import classes
 
 # Owners of pods that run on every node whatever a user schedules: they never make it busy.
 SYSTEM_OWNERS = frozenset({"DaemonSet", "Node"})  # Node: a static (mirror) pod
@@ -48,7 +48,7 @@ class NodeView:
     taints: tuple[Mapping[str, Any], ...]
     gpus: int  # allocatable
     address: str | None  # InternalIP
-    kind: str = ""  # its node class (netmon.sweep.classes): GPU product and count
+    kind: str = ""  # its node class (netmon.sweep.locate.classes): GPU product and count
 
 
 def node_view(node: Mapping[str, Any], gpu_resource: str) -> NodeView:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from netmon.group.auth import Sealer
-from netmon.sweep.node_report import SEAL_GROUP, NodeReport, seal_key
+from netmon.sweep.delivery.node_report import SEAL_GROUP, NodeReport, seal_key
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0

@@ -1,4 +1,4 @@
-"""What a sweep pair's job runs on each of its nodes (`srun python -m netmon.sweep.rank`).
+"""What a sweep pair's job runs on each of its nodes (`srun python -m netmon.sweep.ranks.rank`).
 
 One task per rail per node: the task of local id k on each node joins rail k's communicator,
 one rank per node, and times an all_reduce across the nodes (busbw as nccl-tests defines it).
@@ -17,7 +17,7 @@ task on the first node of each rail prints one line, `NETMON-SWEEP {json}`, nami
 ran on. A watchdog ends the task at its deadline, so nothing outlives the pair, whatever the
 scheduler manages to do.
 
-On Kubernetes a pod per node starts the rails' tasks (netmon.sweep.pod_ranks) and the scheduler
+On Kubernetes a pod per node starts the rails' tasks (netmon.sweep.kube.pod_ranks) and the scheduler
 picks which node is which pod: the node is NETMON_SWEEP_NODE, the rail NETMON_SWEEP_RAIL, the
 rank the pod's index (NETMON_SWEEP_RANK) and the rendezvous pod 0's DNS name
 (NETMON_SWEEP_MASTER).
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from netmon.sweep.gpu_rank import Binding
+    from netmon.sweep.ranks.gpu import Binding
 
 STARTED_AT = time.time()  # before torch is imported: the scheduler's overhead ends here
 PREFIX = "NETMON-SWEEP "
@@ -152,7 +152,7 @@ def main() -> int:
     log_file = Path(tempfile.gettempdir()) / f"netmon-sweep-nccl-{os.getpid()}.log"
     if gpus:
         os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # GPU k as NVML counts it
-        from netmon.sweep import gpu_rank
+        from netmon.sweep.ranks import gpu as gpu_rank
 
         binding, added = gpu_rank.prepare(environ, _nvml_index(rail, environ), str(log_file))
         os.environ.update(added)
@@ -199,7 +199,7 @@ def main() -> int:
 
 def _transport(binding: Binding, log_file: Path) -> dict[str, Any]:
     """What the rank's NCCL log says of the network it used, and where the rank ran."""
-    from netmon.sweep import gpu_rank
+    from netmon.sweep.ranks import gpu as gpu_rank
 
     try:
         log = log_file.read_text(errors="replace")

@@ -24,7 +24,7 @@ class SweepNode:
     rails: int = 1  # ranks per node: one per NIC rail (GPU k with the NIC nearest it)
     leaf: str | None = None  # the switch its NICs hang off, where the fabric is known
     address: str | None = None  # where its daemon and its rank 0 are reached
-    # Its node class: GPU type, features, NICs and link rate (netmon.sweep.classes). Nodes
+    # Its node class: GPU type, features, NICs and link rate (netmon.sweep.locate.classes). Nodes
     # are matched and judged among their own class: a slower type is not a slow node.
     kind: str = ""
 

@@ -2,15 +2,15 @@
 failure leaves unexplained, and which pairs to measure next. Pure (docs/SWEEPS.md, "Uplinks").
 
 Every measured rail of a pair is an observation over the links it depends on (its two cables
-and, across leaves, one uplink of each leaf per direction: netmon.sweep.fabric). A link is
+and, across leaves, one uplink of each leaf per direction: netmon.sweep.locate.fabric). A link is
 clear once it passed at least as often as it failed. A failed observation whose other links are
 all clear blames the one left; an uplink blamed by two observations (two different pairs, so
 two different partners' uplinks, one of them a pair placed to measure it again) and failing
 more often than passing is named: a hitting set of
 size one per failure, confirmed, as NetBouncer confirms a link with paths through good switches.
 
-Which pairs a round measures across leaves is netmon.sweep.uplink_plan's; a leaf or spine slow
-on all its uplinks is netmon.sweep.switches'.
+Which pairs a round measures across leaves is netmon.sweep.locate.uplink_plan's; a leaf or spine
+slow on all its uplinks is netmon.sweep.locate.switches'.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from netmon.sweep import switches
-from netmon.sweep.fabric import Fabric
+from netmon.sweep.locate import switches
+from netmon.sweep.locate.fabric import Fabric
 
 CONFIRM = 2  # isolated failures that name an uplink
 # The sweep's failures across leaves (their cables clear) that need more uplinks than this to
@@ -67,7 +67,7 @@ class Ledger:
     crossed: set[str] = field(default_factory=set)  # uplinks some observation crossed
     named: dict[str, NamedUplink] = field(default_factory=dict)
     named_cables: set[str] = field(default_factory=set)  # the node sweep's named cables
-    # Leaves and spines slow on all their uplinks (netmon.sweep.switches): their uplinks'
+    # Leaves and spines slow on all their uplinks (netmon.sweep.locate.switches): their uplinks'
     # failures are theirs, and none of those uplinks is named alone.
     named_switches: dict[str, switches.NamedSwitch] = field(default_factory=dict)
     # Why the routing model does not fit the fabric, once a round showed it: from then on no

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from netmon.errors import UsageError
-from netmon.sweep import kube_state as state
-from netmon.sweep.kube_api import SERVICE_ACCOUNT, KubeApi, NotFound, api_target
-from netmon.sweep.kube_manifests import (
+from netmon.sweep.kube import state
+from netmon.sweep.kube.api import SERVICE_ACCOUNT, KubeApi, NotFound, api_target
+from netmon.sweep.kube.manifests import (
     CONTAINER,
     JOBSET_API,
     LABEL_ROUND,
@@ -31,8 +31,8 @@ from netmon.sweep.kube_manifests import (
     jobset_name,
     split_round,
 )
-from netmon.sweep.kube_result import PairWatch
-from netmon.sweep.plan import PairPlan, SweepNode
+from netmon.sweep.kube.result import PairWatch
+from netmon.sweep.locate.plan import PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun, SchedulerError
 from netmon.sweep.settings import SweepConfig
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from netmon.sweep import hostlist
-from netmon.sweep.fabric import ROUTINGS, Fabric, Routing
+from netmon.sweep.locate import hostlist
+from netmon.sweep.locate.fabric import ROUTINGS, Fabric, Routing
 
 
 def parse_topology(text: str, rails: int, routing: Routing = "table") -> Fabric:

@@ -22,7 +22,7 @@ MAX_PASS_SHARE = 0.1  # passes through it, over its failures
 
 
 class Seen(Protocol):
-    """What the ledger kept of one measured pair-rail (netmon.sweep.uplinks.Observation)."""
+    """What the ledger kept of one measured pair-rail (netmon.sweep.locate.uplinks.Observation)."""
 
     @property
     def nodes(self) -> tuple[str, ...]: ...

@@ -1,5 +1,5 @@
 """Which pairs a round measures across leaves, for the uplinks. Pure (docs/SWEEPS.md,
-"Uplinks"; what they said is netmon.sweep.uplinks' Ledger).
+"Uplinks"; what they said is netmon.sweep.locate.uplinks' Ledger).
 
 Rounds cross uplinks without sharing one: a pair is placed only where none of its flows uses a
 direction of an uplink another flow of the round uses, so a pair's busbw is its path's, not its
@@ -13,9 +13,9 @@ import random
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from netmon.sweep.fabric import Fabric, Hop
-from netmon.sweep.plan import PairPlan, SweepNode
-from netmon.sweep.uplinks import Ledger
+from netmon.sweep.locate.fabric import Fabric, Hop
+from netmon.sweep.locate.plan import PairPlan, SweepNode
+from netmon.sweep.locate.uplinks import Ledger
 
 CANDIDATE_TRIES = 48  # partners tried per candidate uplink in one round
 # Uncovered uplinks a later cover round tries to place a pair through: bounds its planning

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from netmon.sweep import classes, srun_result
-from netmon.sweep.plan import PairPlan, SweepNode
+from netmon.sweep.locate import classes
+from netmon.sweep.locate.plan import PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun, SchedulerError
 from netmon.sweep.settings import SweepConfig
+from netmon.sweep.slurm import srun_result
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class SlurmScheduler:
             if cores > 1:
                 argv.append(f"--cpus-per-task={cores}")
         python = self.settings.rank_python or sys.executable
-        return [*argv, python, "-m", "netmon.sweep.rank"]
+        return [*argv, python, "-m", "netmon.sweep.ranks.rank"]
 
     def _rank_env(self, plan: PairPlan, clocks: srun_result.Deadlines) -> dict[str, str]:
         s = self.settings

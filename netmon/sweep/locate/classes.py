@@ -4,8 +4,9 @@ A fleet bought in batches has more than one node type (H100 and H200, 400 and 20
 four and eight rails). Judged as one cohort, every node of the minority type would be named
 every sweep; so each node has a class, made of what the scheduler says of it (Slurm: the GPU
 type and count of its gres, its features; Kubernetes: the GPU product label and count), and a
-sweep matches and judges nodes within their class (netmon.sweep.plan, netmon.sweep.localise).
-The backend follows the class: NCCL where every node of a pair has GPUs, gloo otherwise.
+sweep matches and judges nodes within their class (netmon.sweep.locate.plan,
+netmon.sweep.locate.localise). The backend follows the class: NCCL where every node of a pair has
+GPUs, gloo otherwise.
 """
 
 from __future__ import annotations

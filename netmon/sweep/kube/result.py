@@ -14,18 +14,18 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from netmon.sweep import srun_result
-from netmon.sweep.kube_state import Admission, PodView
-from netmon.sweep.plan import PairPlan
-from netmon.sweep.pod_ranks import POD_PREFIX
-from netmon.sweep.rank import EXIT_BUSY
+from netmon.sweep.kube.pod_ranks import POD_PREFIX
+from netmon.sweep.kube.state import Admission, PodView
+from netmon.sweep.locate.plan import PairPlan
+from netmon.sweep.ranks.rank import EXIT_BUSY
 from netmon.sweep.scheduler import PairRun, RunOutcome
+from netmon.sweep.slurm import srun_result
 
 # A pod that finds no node this long after it could first: the node is not free (a job took
 # it since the sweep listed it), as srun --immediate says on Slurm. Long enough for the last
 # round's pods on the node to finish ending.
 BUSY_AFTER_S = 20.0
-EXIT_DEADLINE = 124  # a rank's watchdog (netmon.sweep.rank)
+EXIT_DEADLINE = 124  # a rank's watchdog (netmon.sweep.ranks.rank)
 # DisruptionTarget reasons that mean someone else wanted the node: a pod of a higher priority,
 # or an eviction (a drain). The others (a NoExecute taint, the kubelet) are errors.
 PREEMPTED_BY = frozenset({"PreemptionByScheduler", "EvictionByEvictionAPI"})
@@ -33,7 +33,7 @@ PREEMPTED_BY = frozenset({"PreemptionByScheduler", "EvictionByEvictionAPI"})
 
 @dataclass(frozen=True)
 class PodEnd:
-    """A pod's last line (netmon.sweep.pod_ranks): where it ran and how its ranks ended."""
+    """A pod's last line (netmon.sweep.kube.pod_ranks): where it ran and how its ranks ended."""
 
     node: str
     index: int

@@ -19,9 +19,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep import blind, plan, uplink_plan
-from netmon.sweep.fabric import Fabric, cable
-from netmon.sweep.judge import (
+from netmon.sweep.locate import blind, plan, uplink_plan
+from netmon.sweep.locate.fabric import Fabric, cable
+from netmon.sweep.locate.judge import (
     Cohort,
     RailVerdict,
     Rules,
@@ -31,10 +31,10 @@ from netmon.sweep.judge import (
     judge_rail,
     tier,
 )
-from netmon.sweep.plan import Odd, PairPlan, SweepNode
+from netmon.sweep.locate.plan import Odd, PairPlan, SweepNode
+from netmon.sweep.locate.uplink_plan import RoundLoad
+from netmon.sweep.locate.uplinks import Ledger
 from netmon.sweep.scheduler import PairRun
-from netmon.sweep.uplink_plan import RoundLoad
-from netmon.sweep.uplinks import Ledger
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""What a sweep pair's pod runs on Kubernetes (`python -m netmon.sweep.pod_ranks`): one rank per
-rail (netmon.sweep.rank), as srun starts them on Slurm, then one line on how they ended.
+"""What a sweep pair's pod runs on Kubernetes (`python -m netmon.sweep.kube.pod_ranks`): one rank
+per rail (netmon.sweep.ranks.rank), as srun starts them on Slurm, then one line on how they ended.
 
 The pod's index in its Indexed Job (JOB_COMPLETION_INDEX, set by the Job controller) is the
 ranks' rank, and pod 0's DNS name under the JobSet's headless service is where they meet. The
@@ -61,7 +61,7 @@ def run_ranks(environ: Mapping[str, str], rails: int, deadline: float) -> list[i
     signal.signal(signal.SIGTERM, stop)
     try:
         for rail in range(rails):
-            argv = [sys.executable, "-m", "netmon.sweep.rank"]
+            argv = [sys.executable, "-m", "netmon.sweep.ranks.rank"]
             children.append(subprocess.Popen(argv, env=_rank_env(environ, rail)))
         codes = []
         for child in children:

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
-from netmon.sweep.rank import EXIT_BUSY, JOINED, PREFIX, STARTED
+from netmon.sweep.ranks.rank import EXIT_BUSY, JOINED, PREFIX, STARTED
 from netmon.sweep.scheduler import RunOutcome
 
 # Why a pair was given up while it ran: never started by the scheduler in time ("queued"), its

@@ -1,5 +1,6 @@
 """`sweep.kubernetes`: where a sweep's pairs run on Kubernetes, as JobSets that Kueue admits at
-the lowest priority (netmon.sweep.kubernetes; docs/DEPLOY.md, "Cluster sweeps on Kubernetes")."""
+the lowest priority (netmon.sweep.kube.scheduler; docs/DEPLOY.md, "Cluster sweeps on
+Kubernetes")."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from netmon.errors import describe_validation_error
 from netmon.group.auth import MAX_AGE_S, AuthError, Sealer
-from netmon.sweep.node_report import SEAL_GROUP, NodeReport, seal_key
+from netmon.sweep.delivery.node_report import SEAL_GROUP, NodeReport, seal_key
 
 # A full report (MAX_RESULTS results of about 200 bytes with short node names) is some 50 KB.
 MAX_REPORT_BYTES = 64 << 10
