@@ -51,6 +51,7 @@ class Queue:
             "deadline": 290,
             "node_config": str(self.work / "node.yaml"),
             "state_dir": str(self.work / f"{name}-state"),
+            "fabric": "flat",  # every node on one bridge: one switch
             **sweep,
         }
         path = self.work / f"{name}.yaml"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -40,16 +41,18 @@ def _sweep(
     paths: dict[frozenset[str], float] | None = None,
     rails: int = 1,
     max_rounds: int = 3,
-    fabric: Fabric | None = None,
+    fabric: Fabric | Literal["flat"] | None = "flat",
 ) -> Localiser:
-    """One sweep on a simulated cluster: a pair runs at its slower cable's (or path's) speed,
-    each rail with its own noise; `taken[r]`: nodes a job takes just before round r (their
-    pairs in it are preempted, and they are no longer idle after it)."""
+    """One sweep on a simulated cluster under one switch (`fabric`: flat; None: the sweep is
+    not told): a pair runs at its slower cable's (or path's) speed, each rail with its own
+    noise; `taken[r]`: nodes a job takes just before round r (their pairs in it are
+    preempted, and they are no longer idle after it)."""
     rng = random.Random(seed * 7919 + 1)
     book = book or BaselineBook(BaselinePolicy())
-    loc = Localiser(
-        _nodes(count, rails), Rules(), book, random.Random(seed), max_rounds, fabric=fabric
-    )
+    nodes = _nodes(count, rails)
+    if fabric == "flat":
+        fabric = flat([n.name for n in nodes], rails)
+    loc = Localiser(nodes, Rules(), book, random.Random(seed), max_rounds, fabric=fabric)
     busy: set[str] = set()
     while pairs := loc.next_round(available=[n.name for n in _nodes(count) if n.name not in busy]):
         busy |= (taken or {}).get(loc.rounds, set())
@@ -143,17 +146,22 @@ def test_without_a_fabric_contention_names_nobody_and_too_many_nodes_refuse() ->
     says how to give the fabric; more nodes than one leaf may hold: refused before round 1."""
     book = BaselineBook(BaselinePolicy())
     for seed in range(30):
-        _sweep(8, {}, seed, book=book)
+        _sweep(8, {}, seed, book=book, fabric=None)
     cut = {"n1": 0.5, "n2": 0.5, "n3": 0.5, "n4": 0.5, "n5": 0.5}
-    loc = _sweep(8, cut, 99, book=book)
+    loc = _sweep(8, cut, 99, book=book, fabric=None)
     assert loc.rounds == 1 and not loc.suspects()
     assert loc.refused is not None and "round 1 failed 4 of 4 pairs" in loc.refused
     assert "sweep.fabric" in loc.refused
     many = Localiser(_nodes(65), Rules(), BaselineBook(BaselinePolicy()), random.Random(1))
     assert many.next_round() == [] and many.refused is not None
     assert "65 nodes" in many.refused and "sweep.max_nodes_without_fabric=64" in many.refused
-    one_bad = _sweep(8, {"n3": 0.4}, 5)
-    assert one_bad.refused is None and [s.node for s in one_bad.suspects()] == ["n3"]
+    # One bad node: named only after a quiet round, its pair with a good node alone in it.
+    for seed in range(10):
+        one_bad = _sweep(8, {"n3": 0.4}, seed, fabric=None, max_rounds=4)
+        assert one_bad.refused is None and [s.node for s in one_bad.suspects()] == ["n3"]
+        (named,) = one_bad.suspects()
+        last = [p.run.plan for p in one_bad.judged if p.run.plan.round == named.round]
+        assert [(p.purpose, p.nodes[0]) for p in last] == [("quiet", "n3")], seed
 
 
 def test_a_preempted_pair_is_never_judged_and_its_taken_node_leaves_the_sweep() -> None:
@@ -169,10 +177,15 @@ def _runs(pairs: list[PairPlan], cuts: dict[str, float]) -> list[PairRun]:
     ]
 
 
+ONE = flat([f"n{i}" for i in range(1, 9)], 1)  # eight nodes under one switch
+
+
 def test_a_cut_node_whose_good_partner_is_taken_is_tried_again_not_lost() -> None:
     cuts = {"n1": 0.3}
     for seed in range(20):
-        loc = Localiser(_nodes(8), Rules(), BaselineBook(BaselinePolicy()), random.Random(seed))
+        loc = Localiser(
+            _nodes(8), Rules(), BaselineBook(BaselinePolicy()), random.Random(seed), fabric=ONE
+        )
         loc.record(_runs(loc.next_round(), cuts))
         second = loc.next_round()
         with_n1 = next(plan for plan in second if "n1" in plan.nodes)
@@ -229,7 +242,10 @@ def test_a_path_left_unchecked_is_undecided() -> None:
 def test_a_failed_path_between_two_good_nodes_is_named_as_a_path() -> None:
     """n1-n2's path is slow, each end fine with two others (good twice: one pass of a flapping
     end is a coin that came up heads): measured again, then named as a path in round 4."""
-    loc = Localiser(_nodes(6), Rules(), BaselineBook(BaselinePolicy()), random.Random(0))
+    one_switch = flat([n.name for n in _nodes(6)], 1)
+    loc = Localiser(
+        _nodes(6), Rules(), BaselineBook(BaselinePolicy()), random.Random(0), fabric=one_switch
+    )
     rounds = 0
     while pairs := loc.next_round():
         rounds += 1

@@ -56,6 +56,7 @@ class Sweeps:
             "deadline": 150,
             "node_config": str(self.work / "node.yaml"),
             "state_dir": str(self.work / "sweep-state"),
+            "fabric": "flat",  # every node on one bridge: one switch
             **sweep,
         }
         path = self.work / f"{name}.yaml"
@@ -267,6 +268,18 @@ def test_a_suspect_whose_daemon_is_down_is_named_in_the_sweep_hosts_textfile(
         [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_without_its_fabric_a_cut_cable_is_named_after_a_quiet_round(clean: Sweeps) -> None:
+    """Not told the fabric, the sweep names a node only after its pair with a good node ran
+    alone in a round (no other pair's flows beside it): round 3 is that one pair."""
+    bad = random.Random().choice(clean.cluster.node_names)
+    clean.cluster.shape(bad, CUT)
+    code, report = clean.run(config=clean.config("blind", fabric=None))
+    assert code == 1 and _suspects(report) == [bad], report
+    named = report["suspects"][0]["round"]
+    last = [p for p in report["pairs"] if p["round"] == named]
+    assert [(p["purpose"], p["nodes"][0], p["outcome"]) for p in last] == [("quiet", bad, "fail")]
 
 
 def test_two_cut_cables_are_both_named_and_no_third(clean: Sweeps) -> None:

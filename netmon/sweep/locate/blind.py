@@ -5,12 +5,16 @@ than one leaf most pairs cross leaf-to-spine uplinks at once; under static routi
 collide, and contention reads as slow nodes: on a fault-free 1,024-node fabric a third of round
 1's pairs fail (bench/sweep_sim.py --planner-fabric none). A sweep cannot tell those from bad
 nodes, so it does not try: it refuses up front where the nodes are too many to share one leaf,
-and names nobody where round 1 fails more pairs than faults explain.
+and names nobody where round 1 fails more pairs than faults explain. A node that failed with two
+good partners is named only after a third pair with a good node, measured alone in its round
+(a "quiet" round), fails too: alone, its flows have every uplink they cross to themselves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+
+from netmon.sweep.locate.plan import PairPlan
 
 # More nodes than this may span leaves: a 64-port leaf holds 32 nodes under a non-blocking
 # fat tree (64 with none), and a rail-optimised scalable unit 32.
@@ -47,3 +51,14 @@ def after_first_round(outcomes: Sequence[bool]) -> str | None:
         f"contention on uplinks the sweep cannot see, not {failed} bad pairs, so nobody is "
         f"named; {HOW}"
     )
+
+
+def quiet_pair(
+    node: str, rails: int, witnesses: Sequence[str], avoid: Collection[str], round_: int
+) -> PairPlan | None:
+    """The round that confirms `node` without a fabric: it with a witness it was never
+    measured with, and no other pair."""
+    partner = next((w for w in witnesses if w != node and w not in avoid), None)
+    if partner is None:
+        return None
+    return PairPlan((node, partner), round_, rails, "quiet")

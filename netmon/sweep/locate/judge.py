@@ -11,7 +11,7 @@ quarters of a class are slow, and a first sweep on a new cluster already names a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from netmon.bandwidth import percentile
@@ -146,3 +146,27 @@ def judge_rail(
         lines["min_busbw"] = rules.min_busbw
     failed = tuple(name for name, line in lines.items() if not busbw >= line)
     return RailVerdict(rail, busbw, not failed, expected, lines, failed)
+
+
+# A class with fewer pairs than this on a rail is judged with its node classes' other tiers.
+SMALL_COHORT = 8
+
+
+def widened(values: dict[tuple[str, int], list[float]]) -> dict[tuple[str, int], list[float]]:
+    """A class with fewer than SMALL_COHORT values on a rail takes its node classes' values
+    at every tier: the upper quartile of three pairs is their best, and a minority node type
+    matched across leaves would be judged against it."""
+    by_kinds: dict[tuple[str, int], list[float]] = {}
+    for (cls, rail), found in values.items():
+        by_kinds.setdefault((cls.partition("@")[0], rail), []).extend(found)
+    return {
+        (cls, rail): found
+        if len(found) >= SMALL_COHORT
+        else by_kinds[(cls.partition("@")[0], rail)]
+        for (cls, rail), found in values.items()
+    }
+
+
+def class_name(kinds: Iterable[str]) -> str:
+    """The node classes of a pair, as one name: "a", or "a+b" across classes."""
+    return "+".join(sorted(set(kinds)))

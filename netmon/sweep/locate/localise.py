@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
@@ -26,10 +26,12 @@ from netmon.sweep.locate.judge import (
     RailVerdict,
     Rules,
     class_cohorts,
+    class_name,
     history_key,
     history_lines,
     judge_rail,
     tier,
+    widened,
 )
 from netmon.sweep.locate.plan import Odd, PairPlan, SweepNode
 from netmon.sweep.locate.uplink_plan import RoundLoad
@@ -41,10 +43,8 @@ log = logging.getLogger(__name__)
 # Pairs across leaves, measured for the uplinks they cross: their failures are the uplink
 # ledger's to explain, not the nodes'.
 UPLINK_PURPOSES = ("uplink", "cover")
-# A class with fewer pairs than this on a rail is judged with its node classes' other tiers.
-SMALL_COHORT = 8
 # Pairs whose failure can name a node, a path or an uplink: they measure confirm_repeats times.
-CONFIRMING = ("locate", "path", "uplink")
+CONFIRMING = ("locate", "path", "uplink", "quiet")
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,8 @@ class Localiser:
     # Why the sweep names nothing from what it measured (one line), where it cannot tell a bad
     # node from the fabric it was not told: its report's `error`.
     refused: str | None = None
+    # Without a fabric: nodes about to be named, each confirmed alone first (blind.quiet_pair).
+    _provisional: dict[str, Suspect] = field(default_factory=dict)
     max_nodes_without_fabric: int = blind.MAX_NODES_WITHOUT_FABRIC
 
     def __post_init__(self) -> None:
@@ -163,6 +165,18 @@ class Localiser:
         return group in self._path_checked
 
     def _locate_round(self) -> list[PairPlan]:
+        for node in list(self._provisional):
+            witnesses = [n for n in sorted(self.good - self.gone) if not self._failed_rails.get(n)]
+            quiet = blind.quiet_pair(
+                node,
+                self._node(node).rails,
+                witnesses,
+                self._avoid().get(node, ()),
+                self._rounds + 1,
+            )
+            if quiet is not None and node not in self.gone:
+                return [self._confirming(quiet)]
+            del self._provisional[node]  # no witness left: it stays undecided
         open_groups = [g for g in self._groups if not self._explained(g)]
         settled = self._settled()
         to_test = [
@@ -184,6 +198,8 @@ class Localiser:
             for g in open_groups
             if len(g) == 2 and all(self._vouched(n) for n in g) and not self.gone & set(g)
         ]
+        if self.fabric is None and checks:
+            checks, to_test = checks[:1], []  # without a fabric, a path is measured alone
         available = [n for n in self.nodes if n.name not in self.gone]
         good = sorted(self.good - self.gone)
         # Witnesses have never failed: a node that failed and then passed is cleared of one
@@ -322,7 +338,7 @@ class Localiser:
                 continue
             for rail, busbw in enumerate(run.busbw):
                 values.setdefault((self._class(run.plan.nodes, rail), rail), []).append(busbw)
-        return class_cohorts(_widened(values), self.rules)
+        return class_cohorts(widened(values), self.rules)
 
     def _class(self, nodes: Sequence[str], rail: int) -> str:
         """The pair's node classes and fabric tier: what its busbw is compared within."""
@@ -330,7 +346,7 @@ class Localiser:
             where = tier([self.fabric.leaf(n, rail) for n in nodes])
         else:
             where = tier([self._node(n).leaf for n in nodes])
-        return f"{_kinds(self._node(n).kind for n in nodes)}@{where}"
+        return f"{class_name(self._node(n).kind for n in nodes)}@{where}"
 
     def _cohort(self, nodes: Sequence[str], rail: int) -> Cohort | None:
         """The pair's class's cohort; a pair across classes, which runs at its slower end's
@@ -342,7 +358,7 @@ class Localiser:
         if len(kinds) < 2:
             return None
         where = self._class(nodes, rail).partition("@")[2]
-        own = [self._cohorts.get((f"{_kinds([k])}@{where}", rail)) for k in kinds]
+        own = [self._cohorts.get((f"{class_name([k])}@{where}", rail)) for k in kinds]
         present = [c for c in own if c is not None]
         return min(present, key=lambda c: c.level) if len(present) == len(own) else None
 
@@ -355,6 +371,11 @@ class Localiser:
         nodes = pair.run.plan.nodes
         if pair.passed is None:
             return  # not measured: tried again while its nodes stay idle
+        if pair.run.plan.purpose == "quiet":
+            suspect = self._provisional.pop(nodes[0])
+            if not pair.passed and set(pair.failed_rails) & set(suspect.rails):
+                self.named[nodes[0]] = dataclasses.replace(suspect, round=pair.run.plan.round)
+                return
         if pair.passed:
             self.good |= set(nodes)
             for node in nodes:
@@ -422,7 +443,11 @@ class Localiser:
         before = self._failed_rails.get(node, set())
         rails = failed & before if before else failed
         if rails:
-            self.named[node] = Suspect(node, tuple(sorted(rails)), None, round_, "node", ratio)
+            suspect = Suspect(node, tuple(sorted(rails)), None, round_, "node", ratio)
+            if self.fabric is None:
+                self._provisional[node] = suspect  # named once a quiet round confirms it
+                return
+            self.named[node] = suspect
             if self.ledger is not None:
                 self.ledger.named_cables |= {cable(node, r) for r in rails}
         else:
@@ -464,25 +489,6 @@ class Localiser:
                 for verdict in pair.rails:
                     key = history_key(node, verdict.rail, self.rules.size)
                     self.history.learn_healthy(key, verdict.busbw)
-
-
-def _widened(values: dict[tuple[str, int], list[float]]) -> dict[tuple[str, int], list[float]]:
-    """A class with fewer than SMALL_COHORT values on a rail takes its node classes' values
-    at every tier: the upper quartile of three pairs is their best, and a minority node type
-    matched across leaves would be judged against it."""
-    by_kinds: dict[tuple[str, int], list[float]] = {}
-    for (cls, rail), found in values.items():
-        by_kinds.setdefault((cls.partition("@")[0], rail), []).extend(found)
-    return {
-        (cls, rail): found
-        if len(found) >= SMALL_COHORT
-        else by_kinds[(cls.partition("@")[0], rail)]
-        for (cls, rail), found in values.items()
-    }
-
-
-def _kinds(kinds: Iterable[str]) -> str:
-    return "+".join(sorted(set(kinds)))
 
 
 def _key(nodes: Sequence[str]) -> tuple[str, ...]:

@@ -37,8 +37,9 @@ class PairPlan:
     round: int
     rails: int
     # match: round 1; locate: a failed end with a good node; path: a failed pair again;
-    # uplink: across leaves through a candidate uplink; cover: across leaves, uplinks not crossed.
-    purpose: Literal["match", "locate", "path", "uplink", "cover"] = "match"
+    # uplink: across leaves through a candidate uplink; cover: across leaves, uplinks not crossed;
+    # quiet: without a fabric, a node about to be named, again with a good node, alone.
+    purpose: Literal["match", "locate", "path", "uplink", "cover", "quiet"] = "match"
     # Times the usual measurement (sweep.iters) it runs: a pair whose failure would name a
     # node or an uplink measures longer, so that one slow stretch does not name it.
     repeats: int = 1
