@@ -252,6 +252,8 @@ def score(
         "faults": [(f.kind, round(1 - f.factor, 3)) for f in wanted],
         "top1": top1 if single else all(named) and bool(faults),
         "all_named": all(named) if faults else None,
+        "named_any_round": bool(wanted)
+        and all(any(_matches(s, f) for s in ranked) for f in wanted),
         "false": len(false),
         "flapping_named": len(flapped),
         "rounds": rounds,
@@ -295,6 +297,9 @@ def summarise(setup: Setup, trials: list[dict[str, Any]], seconds: float) -> dic
         },
         "top1_correct": _share(trials, "top1") if faulty else None,
         "all_named": _share(trials, "all_named") if faulty else None,
+        # Named at all, in any round the sweep had (a sweep without its fabric takes a round
+        # more than the budget above: the quiet round).
+        "named_any_round": _share(trials, "named_any_round") if faulty else None,
         "top1_correct_30pct": _share(deep, "top1") if deep else None,
         "rounds_median": statistics.median(rounds),
         "rounds_max": max(rounds),
