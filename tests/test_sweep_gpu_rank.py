@@ -98,10 +98,8 @@ def test_a_rank_on_a_simulated_dgx_binds_to_its_gpus_cpus_and_hca(
     sys_root = tmp_path / "sys"
     _dgx_sysfs(sys_root)
     affinity = {"cpus": set(range(208))}
-    monkeypatch.setattr(gpu_rank.os, "sched_getaffinity", lambda pid: set(affinity["cpus"]))
-    monkeypatch.setattr(
-        gpu_rank.os, "sched_setaffinity", lambda pid, cpus: affinity.update(cpus=set(cpus))
-    )
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity["cpus"]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: affinity.update(cpus=set(cpus)))
     log = str(tmp_path / "nccl.log")
     binding, added = gpu_rank.prepare({"NETMON_SYSFS": str(sys_root)}, 0, log)
     assert set(binding.cpus) == gpu_rank.cpu_set("0-51,104-155")
