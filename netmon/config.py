@@ -258,8 +258,9 @@ class NetmonConfig(_Strict):
     topology_file: Path | None = None
     # Node group: the daemons that probe across nodes together (docs/GROUPS.md).
     group: GroupConfig | None = None
-    # Cluster sweeps (`netmon sweep`, docs/SWEEPS.md); the daemon reads `sweep.secret_file` only:
-    # with it, POST /sweep takes this node's sealed results and /metrics exports them.
+    # Cluster sweeps (`netmon sweep`, docs/SWEEPS.md); the daemon reads `sweep.verify_key_file`
+    # and `sweep.secret_file` only: with either, POST /sweep takes this node's results and
+    # /metrics exports them.
     sweep: SweepConfig | None = None
 
     @field_validator("rank_wrapper", mode="before")

@@ -81,13 +81,19 @@ def _settings(args: argparse.Namespace) -> tuple[Any, Any, Path]:
     return config, settings, directory
 
 
-def _secret(settings: Any) -> bytes | None:
+def _secret(settings: Any) -> Any:
+    """What seals each node's report: the sweep host's Ed25519 key where set (no node can
+    forge it), else the shared secret, else None (nothing is delivered)."""
     from netmon.group.auth import read_secret
+    from netmon.sweep.delivery import signing
+    from netmon.sweep.delivery.node_report import SEAL_GROUP
 
+    if settings.signing_key_file is not None:
+        return signing.load_signer(SEAL_GROUP, settings.signing_key_file)
     if settings.secret_file is None:
         return None
     try:
-        return read_secret(settings.secret_file)
+        return signing.shared(SEAL_GROUP, read_secret(settings.secret_file))
     except ValueError as exc:
         raise UsageError(f"sweep.secret_file: {exc}") from None
 
@@ -165,7 +171,7 @@ def _sweep(
     directory: Path,
     scheduler: Any,
     partition: str,
-    secret: bytes | None,
+    secret: Any,
     auth: tuple[str, str] | None,
 ) -> dict[str, Any]:
     from netmon.sweep import history, report
@@ -188,7 +194,10 @@ def _sweep(
     whole = outcome.whole
     if secret is None:
         whole["delivered"] = {}
-        whole["notes"].append("not delivered to the daemons: sweep.secret_file is not set")
+        whole["notes"].append(
+            "not delivered to the daemons: neither sweep.signing_key_file nor sweep.secret_file "
+            "is set"
+        )
         return whole
     reports = report.node_reports(sweep_id, outcome.localiser, outcome.finished_at)
     whole["delivered"] = deliver.deliver(

@@ -309,8 +309,15 @@ class Daemon:
         try:
             new = self.loader()
             changed = [f for f in RESTART_FIELDS if getattr(new, f) != getattr(self.config, f)]
-            if secret_path(new) != secret_path(self.config):  # read at start, as group's
-                changed.append("sweep.secret_file")
+            # Read at start, as group's.
+            for setting, now, then in zip(
+                ("sweep.verify_key_file", "sweep.secret_file"),
+                secret_path(new),
+                secret_path(self.config),
+                strict=True,
+            ):
+                if now != then:
+                    changed.append(setting)
             if changed:
                 raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
             _check_specs(new, self.topology)

@@ -21,6 +21,8 @@ from netmon.exposition.snapshot import SweepView
 from netmon.group.auth import setting_secret
 from netmon.sweep.delivery import inbox
 from netmon.sweep.delivery.inbox import InboxError, SweepState
+from netmon.sweep.delivery.node_report import SEAL_GROUP
+from netmon.sweep.delivery.signing import Opens, load_verifier
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +41,29 @@ def node_names(
     return tuple(dict.fromkeys(n for n in (full.split(".")[0], full, node) if n))
 
 
-def secret_path(config: NetmonConfig) -> Path | None:
-    return config.sweep.secret_file if config.sweep is not None else None
+def secret_path(config: NetmonConfig) -> tuple[Path | None, Path | None]:
+    """The files the inbox opens reports with: (sweep.verify_key_file, sweep.secret_file)."""
+    if config.sweep is None:
+        return None, None
+    return config.sweep.verify_key_file, config.sweep.secret_file
 
 
 def open_inbox(
     config: NetmonConfig, state_dir: Path | None, publish: Callable[[SweepView], None]
 ) -> SweepInbox | None:
-    """The inbox of a daemon with `sweep.secret_file` (UsageError when it cannot be used), None
-    without one; `state_dir` None: the directory is unusable and nothing is kept."""
-    path = secret_path(config)
-    if path is None:
+    """The inbox of a daemon with `sweep.verify_key_file` (reports the sweep host signed, only)
+    or `sweep.secret_file` (sealed with the shared secret); UsageError when it cannot be used,
+    None without either; `state_dir` None: the directory is unusable and nothing is kept."""
+    key, secret = secret_path(config)
+    opener: bytes | Opens
+    if key is not None:
+        opener = load_verifier(SEAL_GROUP, key)
+    elif secret is not None:
+        opener = setting_secret("sweep.secret_file", secret)
+    else:
         return None
-    secret = setting_secret("sweep.secret_file", path)
     kept = state_dir / STATE_FILE if state_dir is not None else None
-    return SweepInbox(secret, node_names(), kept, publish)
+    return SweepInbox(opener, node_names(), kept, publish)
 
 
 class SweepInbox:
@@ -61,7 +71,7 @@ class SweepInbox:
 
     def __init__(
         self,
-        secret: bytes,
+        secret: bytes | Opens,
         names: Sequence[str],
         path: Path | None,
         publish: Callable[[SweepView], None],

@@ -17,7 +17,13 @@ class SweepConfig(BaseModel):
 
     # The shared secret that seals each node's report (HMAC-SHA256, netmon.group.auth). A daemon
     # without it refuses every report; `netmon sweep` without it measures but delivers nothing.
+    # Every node holds it, so any node can forge a report: the key pair below cannot be forged.
     secret_file: Path | None = None
+    # The sweep host's Ed25519 private key (PEM): it signs each node's report (`netmon sweep`),
+    # over secret_file where both are set. A daemon's verify_key_file is its public key: with
+    # it, the daemon takes only reports the sweep host signed (netmon.sweep.delivery.signing).
+    signing_key_file: Path | None = None
+    verify_key_file: Path | None = None
     # Where `netmon sweep` reaches each node's daemon: the node's Slurm address, this port.
     daemon_port: int = Field(19464, ge=1, lt=65536)
     daemon_scheme: Literal["http", "https"] = "http"

@@ -1,7 +1,7 @@
-"""Each node's share of a sweep, delivered to its own daemon (POST /sweep, sealed with the
-sweep secret), which exports it on /metrics: results reach Prometheus the way every other
-netmon figure does, scraped, with no Pushgateway. A daemon that cannot be reached misses one
-sweep's figures; the sweep's verdict does not depend on it."""
+"""Each node's share of a sweep, delivered to its own daemon (POST /sweep, signed by the sweep
+host's key or sealed with the sweep secret), which exports it on /metrics: results reach
+Prometheus the way every other netmon figure does, scraped, with no Pushgateway. A daemon that
+cannot be reached misses one sweep's figures; the sweep's verdict does not depend on it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from netmon.group.auth import Sealer
 from netmon.sweep.delivery.node_report import SEAL_GROUP, NodeReport, seal_key
+from netmon.sweep.delivery.signing import Seals
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0
@@ -45,7 +46,7 @@ def _post(url: str, body: bytes, context: ssl.SSLContext | None, authorization: 
 def deliver(
     reports: Sequence[NodeReport],
     addresses: Mapping[str, str],
-    secret: bytes,
+    secret: bytes | Seals,
     *,
     scheme: str = "http",
     port: int = 19464,
@@ -53,8 +54,9 @@ def deliver(
     basic_auth: tuple[str, str] | None = None,
 ) -> dict[str, str]:
     """{node: "ok" or why not} for every report. Each is stamped when it is sealed: the
-    daemons take it only while it is fresh (netmon.group.auth.MAX_AGE_S)."""
-    sealer = Sealer(SEAL_GROUP, secret)
+    daemons take it only while it is fresh (netmon.group.auth.MAX_AGE_S). `secret`: the sweep
+    host's signer (netmon.sweep.delivery.signing), or the shared sweep secret."""
+    sealer = Sealer(SEAL_GROUP, secret) if isinstance(secret, bytes) else secret
     context = ssl.create_default_context(cafile=str(ca_file)) if scheme == "https" else None
 
     authorization = None

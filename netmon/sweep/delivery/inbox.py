@@ -1,7 +1,7 @@
 """What a node's daemon accepts of a delivered sweep report (POST /sweep), decided without I/O:
-sealed with the sweep secret under the key of the node it names, for this node, fresh, and from
-a newer sweep than the last one accepted; and the state the accepted reports leave
-(netmon.serve.sweep_inbox keeps it, saves it and exports it)."""
+signed by the sweep host (or sealed with the sweep secret) under the key of the node it names,
+for this node, fresh, and from a newer sweep than the last one accepted; and the state the
+accepted reports leave (netmon.serve.sweep_inbox keeps it, saves it and exports it)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from netmon.errors import describe_validation_error
 from netmon.group.auth import MAX_AGE_S, AuthError, Sealer
 from netmon.sweep.delivery.node_report import SEAL_GROUP, NodeReport, seal_key
+from netmon.sweep.delivery.signing import SIGNATURE_HEX, Opens
 
 # A full report (MAX_RESULTS results of about 200 bytes with short node names) is some 50 KB.
 MAX_REPORT_BYTES = 64 << 10
@@ -68,22 +69,24 @@ def sweep_started_ms(sweep: str) -> int:
 
 def accept(
     sealed: str,
-    secret: bytes,
+    opener: bytes | Opens,
     names: Collection[str],
     now: float,
     last_sweep: str | None,
     max_age: float = MAX_AGE_S,
 ) -> NodeReport:
-    """The report in `sealed` if this node (known by `names`) takes it; else an InboxError."""
+    """The report in `sealed` if this node (known by `names`) takes it; else an InboxError.
+    `opener`: the sweep host's public key (netmon.sweep.delivery.signing.Verifier), or the
+    shared sweep secret."""
     if len(sealed.encode()) > MAX_REPORT_BYTES:
         raise TooLarge(f"a report is at most {MAX_REPORT_BYTES} bytes")
     node = _named_node(sealed)
+    if isinstance(opener, bytes):
+        opener = Sealer(SEAL_GROUP, opener)
     try:
-        body = Sealer(SEAL_GROUP, secret).open(seal_key(node), sealed)
-    except AuthError:  # the payload is a JSON object (read above): the MAC is what is wrong
-        raise BadSeal(
-            _short(f"{seal_key(node)}: wrong MAC (another sweep secret, or tampered with)")
-        ) from None
+        body = opener.open(seal_key(node), sealed)
+    except AuthError as exc:  # the payload is a JSON object (read above): the seal is wrong
+        raise BadSeal(_short(_why(exc, opener, seal_key(node), sealed))) from None
     if node not in names:
         raise WrongNode(_short(f"a report for node {node}; this is {', '.join(sorted(names))}"))
     try:
@@ -99,11 +102,19 @@ def accept(
     return report
 
 
+def _why(exc: AuthError, opener: Opens, key: str, sealed: str) -> str:
+    if not isinstance(opener, Sealer):
+        return str(exc)  # the sweep host's key: its own reasons
+    if len(sealed.partition(".")[0]) == SIGNATURE_HEX:
+        return f"{key}: signed by a sweep host, but this daemon has no sweep.verify_key_file"
+    return f"{key}: wrong MAC (another sweep secret, or tampered with)"
+
+
 def _named_node(sealed: str) -> str:
     """The node a sealed report names, read before its MAC is checked: to choose the key."""
     mac, dot, payload = sealed.partition(".")
-    if not dot or len(mac) != 64:
-        raise Malformed("not a sealed report (MAC.JSON)")
+    if not dot or len(mac) not in (64, SIGNATURE_HEX):
+        raise Malformed("not a sealed report (MAC.JSON or SIGNATURE.JSON)")
     try:
         body = json.loads(payload)
     except (ValueError, RecursionError):
