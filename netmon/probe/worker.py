@@ -26,7 +26,7 @@ from typing import IO, Any
 from netmon.bandwidth import buffers_for
 from netmon.gpu.clocks import SmClock
 from netmon.listen import listen_on
-from netmon.probe import cpushare, graphs
+from netmon.probe import cpushare, graphs, timing
 from netmon.probe.collective import Collective
 from netmon.probe.processes import CHANNEL_FD, is_loopback
 from netmon.probe.spec import Phase, ProbeSpec
@@ -118,7 +118,7 @@ class Rank:
         )
         self.enter("teardown")
         # Rank 0 hosts the store: nobody leaves until everybody is done with it.
-        self._synchronize(torch, dist, device)
+        timing.synchronize(torch, dist, device)
         dist.destroy_process_group()
         if self.clock is not None:
             self.clock.close()
@@ -209,7 +209,7 @@ class Rank:
         on_gpu = device.type == "cuda" or self.simulated
         if on_gpu and not self.warm:
             self._warm_for(torch, dist, device, collective)
-        self._synchronize(torch, dist, device)
+        timing.synchronize(torch, dist, device)
         choice = graphs.choose(spec, size, on_gpu, self._nccl_version(torch))
         issue, choice = graphs.issuer(
             torch,
@@ -278,14 +278,6 @@ class Rank:
         version = torch.cuda.nccl.version()
         return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
 
-    def _synchronize(self, torch: Any, dist: Any, device: Any) -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            dist.barrier(device_ids=[device.index])
-            torch.cuda.synchronize(device)
-        else:
-            dist.barrier()
-
     def _measure(
         self, torch: Any, dist: Any, device: Any, issue: Callable[[], None]
     ) -> tuple[list[list[float]], list[list[float]], list[float]]:
@@ -293,15 +285,8 @@ class Rank:
         (netmon.probe.cpushare; empty where /proc cannot say), and each rank's GPU's SM clock
         right after it (MHz, -1 unknown). A sample is one `issue`: a batch of ops, eager or one
         graph replay (netmon.probe.graphs), timed per op."""
-        spec = self.spec
-        times = []
         before = cpushare.read()
-        for _ in range(spec.iters):
-            self._synchronize(torch, dist, device)
-            if device.type == "cuda":
-                times.append(self._time_cuda(torch, issue))
-            else:
-                times.append(self._time_host(issue))
+        times = timing.samples(torch, dist, device, issue, self.spec.iters, self._reps())
         after = cpushare.read()
         cpu = after.since(before) if before and after else [-1.0] * cpushare.READING_FIELDS
         clock = self._sm_clock(device.type == "cuda" or self.simulated)
@@ -316,19 +301,6 @@ class Rank:
         cut = len(times)
         readings = [r[cut:-1] for r in rows if r[cut + 2] >= 0]
         return [r[:cut] for r in rows], readings, [r[-1] for r in rows]
-
-    def _time_host(self, issue: Callable[[], None]) -> float:
-        start = time.perf_counter()
-        issue()
-        return (time.perf_counter() - start) / self._reps()
-
-    def _time_cuda(self, torch: Any, issue: Callable[[], None]) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        issue()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1e3 / self._reps()
 
     def _check(self, torch: Any, dist: Any, device: Any, collective: Collective) -> bool:
         ok = collective.verify()

@@ -113,19 +113,17 @@ def _rendezvous(
 def measure(
     dist: Any, torch: Any, device: Any, size: int, warmup: int, iters: int
 ) -> tuple[float, list[float]]:
-    """(busbw, per-iteration seconds) of an all_reduce of `size` bytes across the group."""
+    """(busbw, per-sample seconds) of an all_reduce of `size` bytes across the group, timed by
+    the probe engine's loop (netmon.probe.timing): the ranks meet, then each sample is one
+    operation timed (CUDA events on a GPU). Zeros: a sum in place of anything else grows by the
+    world size on every operation."""
     from netmon.bandwidth import busbw
+    from netmon.probe import timing
 
-    tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-    times: list[float] = []
-    for i in range(warmup + iters):
-        dist.barrier()
-        start = time.perf_counter()
+    tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)
+    for _ in range(warmup):
         dist.all_reduce(tensor)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
+    times = timing.samples(torch, dist, device, lambda: dist.all_reduce(tensor), iters, 1)
     world = dist.get_world_size()
     ordered = sorted(times)
     return busbw("all_reduce", world, size, ordered[len(ordered) // 2]), times
