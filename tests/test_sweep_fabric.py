@@ -124,14 +124,32 @@ def test_topology_conf_and_fabric_file_parse_with_errors_naming_the_field(
     )
     assert parse_topology(shown, rails=1).leaf("n03", 0) == "su2"
     assert parse_topology(shown, rails=1).crosses(("n01", "n03"), 0)
-    with pytest.raises(ValueError, match="line 1: no SwitchName"):
+    with pytest.raises(ValueError, match="line 1: no SwitchName= or BlockName="):
         parse_topology("Nodes=n1\n", rails=1)
+    # topology/block: each block a group round 1 stays in; how blocks connect is not told.
+    blocks = load(
+        _written(
+            tmp_path / "block.conf",
+            "BlockName=b1 Nodes=n[01-18]\nBlockName=b2 Nodes=n[19-36]\nBlockSizes=18,36\n",
+        ),
+        rails=2,
+    )
+    assert blocks.leaf("n18", 1) == "b1/rail1" and blocks.leaf("n19", 0) == "b2/rail0"
+    assert blocks.spines["b1/rail0"] == () and blocks.pair_hops(("n01", "n19"), 0) == ()
+    nodes = [SweepNode(f"n{i:02d}", 2) for i in range(1, 37)]
+    loc = Localiser(nodes, RULES, BaselineBook(RULES.policy), random.Random(4), fabric=blocks)
+    assert all(not blocks.crosses(p.nodes, 0) for p in loc.next_round())
     document = {"routing": "ecmp", "leaves": {"a": {"rail": 1, "nodes": "n[1-2]", "spines": "s1"}}}
     assert parse_fabric_file(document).leaf("n2", 1) == "a"
     with pytest.raises(ValueError, match="fabric routing"):
         parse_fabric_file({"routing": "random", "leaves": {}})
     with pytest.raises(ValueError, match=r"fabric leaves\.a: needs nodes"):
         parse_fabric_file({"leaves": {"a": {"rail": 0}}})
+
+
+def _written(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
 
 
 def test_round_one_stays_under_each_leaf_and_later_rounds_share_no_uplink() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from netmon.baseline.book import BaselineBook
+from netmon.baseline.policy import BaselinePolicy
 from netmon.cli.main import main
 from netmon.errors import UsageError
 from netmon.sweep.kube import manifests as km
@@ -27,6 +30,9 @@ from netmon.sweep.kube.api import LOG_TAIL_LINES, ApiTarget, KubeApi
 from netmon.sweep.kube.result import judge_logs
 from netmon.sweep.kube.scheduler import PERMISSIONS, KubernetesScheduler
 from netmon.sweep.kube.state import PodRef
+from netmon.sweep.locate.fabric_file import parse_topology
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.localise import Localiser
 from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.scheduler import SchedulerError
 from tests.fake_apiserver import TOKEN, FakeCluster, serving
@@ -360,6 +366,28 @@ def test_a_whole_sweep_through_the_command(
     captured = capsys.readouterr()
     assert code == 3 and "the answer is not JSON" in json.loads(captured.out)["error"]
     assert "could not run" in captured.err and "Traceback" not in captured.err
+
+
+def test_the_nodes_topology_labels_are_the_fabrics_groups(
+    cluster: tuple[FakeCluster, KubernetesScheduler],
+) -> None:
+    """GKE's sub-block label groups the nodes (the first of sweep.kubernetes.topology_labels a
+    node has); round 1 stays inside them. One node without a label: no fabric is claimed."""
+    fake, scheduler = cluster
+    layer = "cloud.google.com/gce-topology-subblock"
+    fake.nodes = [node(f"gpu{i}") for i in range(8)]
+    for i, found in enumerate(fake.nodes):
+        found["metadata"]["labels"][layer] = f"sb{i // 4}"
+    nodes = scheduler.nodes("", None)
+    text = scheduler.topology()
+    assert text is not None
+    fabric = parse_topology(text, rails=8)
+    assert fabric.leaf("gpu0", 3) == fabric.leaf("gpu3", 3) != fabric.leaf("gpu4", 3)
+    loc = Localiser(nodes, Rules(), BaselineBook(BaselinePolicy()), random.Random(1), fabric=fabric)
+    assert all(not fabric.crosses(p.nodes, 0) for p in loc.next_round())
+    del fake.nodes[5]["metadata"]["labels"][layer]
+    scheduler.nodes("", None)
+    assert scheduler.topology() is None
 
 
 def test_gpu_pairs_without_rdma_refuse_unless_allowed(

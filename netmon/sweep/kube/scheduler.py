@@ -93,6 +93,7 @@ class KubernetesScheduler:
     own: state.PodRef | None = None  # the sweep's own pod, which makes no node busy
     _deadline: float = float("inf")
     _kueue_version: str | None = None
+    _swept: list[state.NodeView] = field(default_factory=list)  # the last nodes() answer
 
     @classmethod
     def connect(
@@ -131,7 +132,7 @@ class KubernetesScheduler:
         )
         ended = "status.phase!=Succeeded,status.phase!=Failed"
         pods = self.api.items("/api/v1/pods", {"fieldSelector": ended}, self._timeout())
-        return [state.node_view(n, k.gpu_resource) for n in nodes], pods
+        return [state.node_view(n, k.gpu_resource, k.topology_labels) for n in nodes], pods
 
     def _free(
         self, views: Sequence[state.NodeView], pods: Sequence[Mapping[str, object]]
@@ -160,7 +161,8 @@ class KubernetesScheduler:
             )
         daemons = state.daemon_addresses(pods, k.daemon_labels)
         found = []
-        for view in self._free(views, pods):
+        self._swept = self._free(views, pods)
+        for view in self._swept:
             address = daemons.get(view.name) or view.address or view.name
             self.addresses[view.name] = address
             rails = self.settings.rails or max(view.gpus, 1)
@@ -341,8 +343,9 @@ class KubernetesScheduler:
             log.warning("sweep: cannot delete JobSet %s: %s", name, exc)
 
     def topology(self) -> str | None:
-        """Kubernetes keeps no switch tree: the fabric comes from sweep.fabric's file."""
-        return None
+        """The swept nodes' groups from their topology labels (sweep.kubernetes.
+        topology_labels), as blocks; None where a node has none (then sweep.fabric's file)."""
+        return state.topology_text(self._swept)
 
     def cleanup(self) -> None:
         """Delete every JobSet of this sweep still known (one list call, a delete for each)."""

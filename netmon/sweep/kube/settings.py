@@ -76,6 +76,14 @@ class KubernetesSweep(BaseModel):
         default_factory=lambda: {"app.kubernetes.io/name": "netmon"}
     )
     gpu_resource: str = "nvidia.com/gpu"
+    # Node labels that name the group of nodes under one leaf (the levels Kueue's Topology
+    # Aware Scheduling reads), the most specific first: the first a node has is its group.
+    # Where every swept node has one, round 1 stays inside groups (netmon.sweep.kube.state).
+    topology_labels: tuple[str, ...] = (
+        "topology.k8s.aws/network-node-layer-3",
+        "cloud.google.com/gce-topology-subblock",
+        "cloud.google.com/gce-topology-block",
+    )
     # Pairs per JobSet: Kueue admits a JobSet as one Workload with a podSet per pair, and a
     # Workload holds at most 8 podSets (10 in Kueue 0.18, 18 from 0.19). Kueue evicts a whole
     # Workload: with 8 pairs in one, one user pod would take 16 nodes' results. 1 by default.

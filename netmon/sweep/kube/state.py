@@ -49,9 +49,12 @@ class NodeView:
     gpus: int  # allocatable
     address: str | None  # InternalIP
     kind: str = ""  # its node class (netmon.sweep.locate.classes): GPU product and count
+    group: str | None = None  # the value of its first topology label: the nodes under one leaf
 
 
-def node_view(node: Mapping[str, Any], gpu_resource: str) -> NodeView:
+def node_view(
+    node: Mapping[str, Any], gpu_resource: str, topology_labels: Sequence[str] = ()
+) -> NodeView:
     status = node.get("status") or {}
     addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
     try:
@@ -67,6 +70,26 @@ def node_view(node: Mapping[str, Any], gpu_resource: str) -> NodeView:
         gpus=gpus,
         address=addresses.get("InternalIP"),
         kind=classes.node_class(gpus, _products(node)),
+        group=_group(node, topology_labels),
+    )
+
+
+def _group(node: Mapping[str, Any], keys: Sequence[str]) -> str | None:
+    labels = _meta(node).get("labels") or {}
+    return next((f"{key}={labels[key]}" for key in keys if labels.get(key)), None)
+
+
+def topology_text(views: Sequence[NodeView]) -> str | None:
+    """The nodes' groups in topology.conf's block syntax (netmon.sweep.locate.fabric_file),
+    where every node has one; None otherwise (a partial fabric would claim too much)."""
+    if not views or any(v.group is None for v in views):
+        return None
+    members: dict[str, list[str]] = {}
+    for view in views:
+        members.setdefault(str(view.group), []).append(view.name)
+    names = {group: f"g{index}" for index, group in enumerate(sorted(members))}
+    return "".join(
+        f"BlockName={names[group]} Nodes={','.join(nodes)}\n" for group, nodes in members.items()
     )
 
 

@@ -1,5 +1,7 @@
-"""The fabric from where it is written down: Slurm's tree topology (topology.conf, or what
-`scontrol show topology` prints) or netmon's own fabric file (docs/SWEEPS.md, "Uplinks").
+"""The fabric from where it is written down: Slurm's tree or block topology (topology.conf, or
+what `scontrol show topology` prints) or netmon's own fabric file (docs/SWEEPS.md, "Uplinks").
+A block (`BlockName=b1 Nodes=n[1-18]`, topology/block) is a group of nodes round 1 stays in;
+how blocks connect is not told, so no uplink between them is named.
 
 Slurm's topology.conf (topology/tree) lists each leaf switch with its nodes and each upper
 switch with the switches under it (`SwitchName=leaf1 Nodes=n[1-32]`, `SwitchName=spine1
@@ -36,9 +38,12 @@ def parse_topology(text: str, rails: int, routing: Routing = "table") -> Fabric:
         if not line:
             continue
         fields = dict(_field(token, number) for token in line.split())
-        name = fields.get("switchname")
+        if set(fields) == {"blocksizes"}:
+            continue  # topology/block: the sizes jobs are placed in, not the fabric
+        # topology/block (BlockName=b1 Nodes=...): each block a group, its uplinks not told.
+        name = fields.get("switchname") or fields.get("blockname")
         if name is None:
-            raise ValueError(f"topology line {number}: no SwitchName= in {line!r}")
+            raise ValueError(f"topology line {number}: no SwitchName= or BlockName= in {line!r}")
         if "switches" in fields:
             children[name] = hostlist.expand(fields["switches"])
         elif "nodes" in fields:
@@ -106,9 +111,9 @@ def parse_fabric_file(document: Mapping[str, Any]) -> Fabric:
 
 
 def load(path: Path, rails: int, routing: Routing = "table") -> Fabric:
-    """A topology.conf (it has SwitchName=) or a fabric file (YAML)."""
+    """A topology.conf (it has SwitchName= or BlockName=) or a fabric file (YAML)."""
     text = path.read_text()
-    if "switchname=" in text.lower():
+    if "switchname=" in text.lower() or "blockname=" in text.lower():
         return parse_topology(text, rails, routing)
     document = yaml.safe_load(text)
     if not isinstance(document, Mapping):

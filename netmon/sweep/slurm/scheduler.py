@@ -54,6 +54,12 @@ def _signal(process: subprocess.Popen[bytes], signum: int) -> None:
         os.killpg(process.pid, signum)
 
 
+def _lists_switches(text: str) -> bool:
+    """topology/tree's switches or topology/block's blocks."""
+    lowered = text.lower()
+    return "switchname=" in lowered or "blockname=" in lowered
+
+
 def job_name(prefix: str, sweep: str, plan: PairPlan, index: int) -> str:
     return f"{prefix}-{sweep}-r{plan.round}-p{index}"
 
@@ -353,14 +359,14 @@ class SlurmScheduler:
         error: Insane message length" with exit 0 here); None when neither lists a switch.
         SchedulerError when the controller does not answer."""
         text = self._run(["scontrol", "show", "topology"])
-        if "switchname=" in text.lower():
+        if _lists_switches(text):
             return text
         conf = Path(self.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
         try:
             text = conf.with_name("topology.conf").read_text()
         except OSError:
             return None
-        return text if "switchname=" in text.lower() else None
+        return text if _lists_switches(text) else None
 
     def cleanup(self) -> None:
         """Cancel what this sweep submitted and is still queued or running: its sruns first
