@@ -257,6 +257,12 @@ def test_a_pair_is_decided_from_what_its_pods_show() -> None:
         plan, [rank_lines(["a", "c"], 0, 1, 1e9), rank_lines(["a", "c"], 1, 1, 1e9)]
     )
     assert outcome == "error" and "not the pair's nodes" in detail
+    # A rail whose NCCL log showed TCP sockets measured another network: never judged.
+    fell_back = rank_lines(["a", "b"], 0, 1, 1e9).replace(
+        '"started_at": 1.0', '"started_at": 1.0, "transport_faults": ["socket_where_ib_expected"]'
+    )
+    outcome, detail, _ = judge_logs(plan, [fell_back, rank_lines(["a", "b"], 1, 1, 1e9)])
+    assert outcome == "transport_mismatch" and "socket_where_ib_expected" in detail
     # At the deadline: a container that cannot start is an error, a pod running a timeout.
     late = PairWatch(0, plan, "js", 0.0)
     late.observe([view("p0", 0, node="a", waiting="ImagePullBackOff: back-off pulling")], 1.0)

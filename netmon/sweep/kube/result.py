@@ -75,6 +75,8 @@ def judge_logs(plan: PairPlan, logs: Sequence[str]) -> tuple[RunOutcome, str, sr
     if nodes != sorted(plan.nodes):
         return "error", f"the pods ran on {', '.join(nodes)}, not the pair's nodes", found
     exits = [code for end in done for code in end.exits]
+    if found.busbw and found.transport:
+        return "transport_mismatch", "; ".join(found.transport)[:200], found
     if found.busbw:
         return "ok", "", found
     if EXIT_BUSY in exits:
