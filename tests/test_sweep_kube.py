@@ -390,6 +390,17 @@ def test_the_nodes_topology_labels_are_the_fabrics_groups(
     assert scheduler.topology() is None
 
 
+def test_a_cpu_only_node_runs_its_pair_on_gloo_and_the_gpu_pairs_on_nccl(
+    cluster: tuple[FakeCluster, KubernetesScheduler],
+) -> None:
+    fake, scheduler = cluster
+    fake.nodes = [node("gpu0"), node("gpu1"), node("cpu0", gpus=0), node("cpu1", gpus=0)]
+    found = {n.name: n for n in scheduler.nodes("", None)}
+    assert found["gpu0"].kind != found["cpu0"].kind == "cpu"
+    assert scheduler._backend([(0, PairPlan(("gpu0", "gpu1"), 1, 8))]) == "nccl"
+    assert scheduler._backend([(0, PairPlan(("cpu0", "cpu1"), 1, 1))]) == "gloo"
+
+
 def test_gpu_pairs_without_rdma_refuse_unless_allowed(
     cluster: tuple[FakeCluster, KubernetesScheduler],
 ) -> None:

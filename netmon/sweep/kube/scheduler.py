@@ -32,6 +32,7 @@ from netmon.sweep.kube.manifests import (
     split_round,
 )
 from netmon.sweep.kube.result import PairWatch
+from netmon.sweep.locate import classes
 from netmon.sweep.locate.plan import PairPlan, SweepNode
 from netmon.sweep.scheduler import PairRun, SchedulerError
 from netmon.sweep.settings import SweepConfig
@@ -151,7 +152,7 @@ class KubernetesScheduler:
         k = self.settings.kubernetes
         if self.settings.backend == "auto":
             usable = [v for v in views if state.schedulable(v, k.tolerations)]
-            self.backend = "nccl" if usable and min(v.gpus for v in usable) > 0 else "gloo"
+            self.backend = "nccl" if any(v.gpus > 0 for v in usable) else "gloo"
         else:
             self.backend = self.settings.backend
         if self.backend == "nccl" and not k.rdma_resource and not k.allow_without_rdma:
@@ -210,7 +211,7 @@ class KubernetesScheduler:
         watches: list[PairWatch] = []
         for number, chunk in enumerate(split_round(pairs, size)):
             name = jobset_name(self.settings.job_name, self.sweep, round_, number)
-            part = RoundPart(name, self.sweep, round_, chunk, pair_deadline, self.backend)
+            part = RoundPart(name, self.sweep, round_, chunk, pair_deadline, self._backend(chunk))
             watches += self._submit(part)
         self._watch(watches, round_, pair_deadline)
         for name in dict.fromkeys(w.jobset for w in watches):
@@ -341,6 +342,15 @@ class KubernetesScheduler:
             self.api.delete(f"{self._jobsets()}/{name}", self._timeout())
         except SchedulerError as exc:
             log.warning("sweep: cannot delete JobSet %s: %s", name, exc)
+
+    def _backend(self, chunk: Sequence[tuple[int, PairPlan]]) -> str:
+        """NCCL where every node of the JobSet's pairs has GPUs (sweep.backend: auto): a
+        CPU-only node's pair runs gloo, the GPU nodes' pairs NCCL (netmon.sweep.locate.classes)."""
+        if self.backend != "nccl":
+            return self.backend
+        gpus = {view.name: view.gpus for view in self._swept}
+        nodes = [node for _, plan in chunk for node in plan.nodes]
+        return classes.backend_for(self.settings.backend, (gpus.get(n, 1) for n in nodes))
 
     def topology(self) -> str | None:
         """The swept nodes' groups from their topology labels (sweep.kubernetes.
