@@ -1,0 +1,67 @@
+"""The `inspector:` section of netmon.yaml: where the jobs' NCCL Inspector files lie, how often
+they are read and what the daemon keeps of them (docs/INSPECTOR.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from netmon.bandwidth import parse_duration, parse_size
+
+
+class InspectorConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Each job's dump directory lies under it: NCCL_INSPECTOR_DUMP_DIR=<dir>/<job>, set by the
+    # site's Slurm TaskProlog (deploy/slurm) or the pod's environment (Kubernetes).
+    dir: Path
+    # How often the files are read: the plugin's own dump interval (30 s in its textfile mode).
+    interval: float = Field(30.0, ge=1.0, le=3600.0)
+    # A job directory is removed once its `.ended` mark (the Slurm Epilog's) is this old, so
+    # the job's last dump is read first ...
+    grace: float = Field(120.0, ge=0.0)
+    # ... or, with no mark (Kubernetes), once nothing in it changed for this long.
+    stale_after: float = Field(6 * 3600.0, ge=60.0)
+    # The most of one file read per interval: a textfile dump is a few kB per communicator; the
+    # JSON lines files grow for the life of a job and are read from where the last read ended.
+    max_read_bytes: int = Field(4 << 20, ge=4096)
+    # A line longer than this is not a line the plugin writes (its labels are short).
+    max_line_bytes: int = Field(4096, ge=256, le=1 << 20)
+    # Files and job directories looked at per read; more are counted and left for the next.
+    max_files: int = Field(256, ge=1, le=65536)
+    # Shapes (collective, size bucket, ranks, node or nodes) exported and judged; a shape past
+    # the cap is counted (netmon_jobs_shape_overflow_total), never exported. A judged shape is
+    # some 22 series (busbw, baseline, reference, verdict and its reasons), an unjudged one 6:
+    # six shapes and the reading's own counts stay under 200 (docs/INSPECTOR.md).
+    max_shapes: int = Field(6, ge=1, le=64)
+    # An exported shape that saw no collective for this long leaves /metrics, making room (a
+    # job's start-up collectives, say, for the shapes it trains with).
+    shape_idle: float = Field(900.0, ge=60.0)
+    # A shape's sample is the median of its collectives over this long (several dumps: the
+    # plugin writes one collective per communicator and rank per dump), and needs this many.
+    window: float = Field(120.0, ge=1.0, le=3600.0)
+    min_collectives: int = Field(3, ge=1)
+
+    @field_validator("interval", "grace", "stale_after", "shape_idle", "window", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        return parse_duration(value) if isinstance(value, (str, int, float)) else value
+
+    @field_validator("max_read_bytes", "max_line_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: object) -> object:
+        return parse_size(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _absolute(self) -> InspectorConfig:
+        if not self.dir.is_absolute():
+            raise ValueError(
+                f"dir must be an absolute path (got {self.dir}): e.g. /var/lib/netmon-inspector"
+            )
+        if self.window < self.interval:
+            raise ValueError(
+                f"window ({self.window:g} s) must be >= interval ({self.interval:g} s): a sample "
+                "spans at least one read"
+            )
+        return self
