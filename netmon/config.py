@@ -38,6 +38,7 @@ from netmon.baseline import BaselinePolicy
 from netmon.errors import UsageError, describe_validation_error, describe_yaml_error, field_path
 from netmon.gpu.idle import IdlePolicy
 from netmon.group.members import GroupConfig
+from netmon.inspector.settings import InspectorConfig
 from netmon.probe.paths import check_names, check_op
 from netmon.probe.spec import Backend, Timing
 from netmon.sweep.settings import SweepConfig
@@ -262,6 +263,8 @@ class NetmonConfig(_Strict):
     # and `sweep.secret_file` only: with either, POST /sweep takes this node's results and
     # /metrics exports them.
     sweep: SweepConfig | None = None
+    # The jobs' own collectives: NCCL Inspector's files under `inspector.dir` (docs/INSPECTOR.md).
+    inspector: InspectorConfig | None = None
 
     @field_validator("rank_wrapper", mode="before")
     @classmethod

@@ -35,6 +35,7 @@ from netmon.exposition.collector import SnapshotPage, make_registry
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.snapshot import (
     GroupView,
+    JobsView,
     LinkPoint,
     PeerPoint,
     PeerVerdict,
@@ -424,6 +425,17 @@ FULL_SNAPSHOT = dataclasses.replace(
     series_results={"large": 9},
     reference_resets={("large", "operator"): 1, ("large", "hardware"): 0},
     sweep=SweepView(_SWEEP, 2, 1, {"accepted": 2, "refused": 1}),
+    jobs=JobsView(
+        collectives={"node": 120, "nodes": 40},
+        overflow=3,
+        shapes=2,
+        covered=0.97,
+        rejected={"symlink": 1},
+        removed=1,
+        read_at=T0 + 30,
+        window_s=120.0,
+        probe_ratios={("all_reduce", 64 * MIB, 8): 0.93},
+    ),
     gpu_model="NVIDIA H100 80GB HBM3",
 )
 

@@ -110,6 +110,14 @@ class BaselineBook:
                 self._verdicts[key] = self._tracks[key].verdict(self.policy, key[2])
             return forgotten
 
+    def drop(self, keys: Iterable[BaselineKey]) -> None:
+        """Let series go altogether (a shape of the jobs' traffic no longer seen): unlike
+        forget(), nothing of them is kept, in memory or in the state file."""
+        with self._lock:
+            for key in keys:
+                self._tracks.pop(key, None)
+                self._verdicts.pop(key, None)
+
     def series(self) -> list[BaselineKey]:
         with self._lock:
             return sorted(self._tracks)

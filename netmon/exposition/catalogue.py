@@ -39,6 +39,28 @@ SWEEP_WHEN = (
     "From the last cluster sweep delivered here (netmon sweep, POST /sweep), not at scrape time"
 )
 
+# Why a line, file or directory of the jobs' NCCL Inspector output was not taken (netmon.inspector).
+INSPECTOR_REJECT_REASONS = (
+    "missing_dir",
+    "too_many_files",
+    "symlink",
+    "unreadable",
+    "not_a_file",
+    "hardlink",
+    "too_large",
+    "changed_during_read",
+    "replaced",
+    "backlog_skipped",
+    "oversized_line",
+    "truncated_line",
+    "not_utf8",
+    "unparsable",
+    "incomplete",
+    "unknown_collective",
+    "bad_value",
+    "unremovable",
+)
+
 # Bounded label values, exported as 0 from the start so that rate() and increase() see the first
 # event (docs/METRICS.md lists them).
 FAILURE_REASONS = (
@@ -362,6 +384,26 @@ CATALOGUE: tuple[Family, ...] = (
     Family("sweep", "netmon_sweep_reports", "counter", "", ("outcome",),
            "Sweep reports POSTed to /sweep, by outcome: accepted, malformed (400) or refused "
            "(403: another secret, another node's, stale or replayed)"),
+    # jobs: the jobs' own collectives, read from NCCL Inspector's files (inspector.dir)
+    Family("jobs", "netmon_jobs_collectives", "counter", "", ("path",),
+           "Collectives read from the jobs' NCCL Inspector dumps (the latest of each communicator "
+           "and rank per dump: a sample), by path: node (within this node) or nodes (across)"),
+    Family("jobs", "netmon_jobs_shape_overflow", "counter", "", (),
+           "Collectives of shapes past inspector.max_shapes: read, not exported"),
+    Family("jobs", "netmon_jobs_shapes", "gauge", "", (),
+           "Shapes (op, size bucket, ranks, path) exported as probe=\"jobs\" series"),
+    Family("jobs", "netmon_jobs_time_covered_ratio", "gauge", "ratio", (),
+           "Share of the last read's collective time in the exported shapes"),
+    Family("jobs", "netmon_jobs_rejected", "counter", "", ("reason",),
+           "Lines, files and directories of the Inspector output not taken, by reason"),
+    Family("jobs", "netmon_jobs_directories_removed", "counter", "", (),
+           "Job directories removed after their job ended (inspector.grace, "
+           "inspector.stale_after)"),
+    Family("jobs", "netmon_jobs_last_read_timestamp_seconds", "gauge", "seconds", (),
+           "When the Inspector output was last read"),
+    Family("jobs", "netmon_jobs_probe_ratio", "gauge", "ratio", ("op", "size_bytes", "ranks"),
+           "A node shape's latest jobs busbw over the reference (else the baseline) of the idle "
+           "probe series of the same op, size and ranks: the jobs' traffic against the yardstick"),
     # daemon: the process itself
     Family("daemon", "netmon_paused", "gauge", "", (), "1 while the operator pause file exists"),
     Family("daemon", "netmon_simulated", "gauge", "", (),

@@ -26,6 +26,7 @@ from netmon.exposition.catalogue import (
 from netmon.exposition.families import add_known, family
 from netmon.exposition.formats import TEXT, Format
 from netmon.exposition.groups import group_families
+from netmon.exposition.jobs import jobs_families
 from netmon.exposition.snapshot import LinkPoint, Snapshot
 from netmon.exposition.sweeps import sweep_families
 from netmon.exposition.verdicts import result_families, state_families, verdict_families
@@ -183,6 +184,9 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
                 (memory, stats.peak_device_memory),
             ),
         )
+    if snapshot.jobs is not None:
+        # The jobs' shapes are series of probe "jobs": their alerts count in sample windows.
+        interval.add_metric(["jobs"], snapshot.jobs.window_s)
     yield from families
     # Only a daemon judges results (it pre-sets every probe's reasons to 0); a textfile has none.
     inconclusive = family("netmon_inconclusive_results", snapshot)
@@ -337,6 +341,7 @@ COLLECTORS: Mapping[str, Collector] = {
     "link_health": link_health_families,
     "group": group_families,
     "sweep": sweep_families,
+    "jobs": jobs_families,
     "daemon": daemon_families,
 }
 

@@ -173,6 +173,22 @@ class SweepView:
 
 
 @dataclass(frozen=True)
+class JobsView:
+    """What the daemon read of the jobs' own collectives (NCCL Inspector, `inspector:`)."""
+
+    collectives: Mapping[str, int] = field(default_factory=dict)  # by path
+    overflow: int = 0
+    shapes: int = 0
+    covered: float | None = None
+    rejected: Mapping[str, int] = field(default_factory=dict)
+    removed: int = 0
+    read_at: float | None = None
+    window_s: float = 0.0  # a shape's sample spans this long: its "probe interval"
+    # (op, size_bytes, ranks) -> the node shape's busbw over the idle probe's reference
+    probe_ratios: Mapping[tuple[str, int, int], float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Snapshot:
     series: tuple[SeriesPoint, ...] = ()
     restored: tuple[VerdictPoint, ...] = ()
@@ -220,6 +236,7 @@ class Snapshot:
     state_write_errors: int = 0
     reference_resets: Mapping[tuple[str, str], int] = field(default_factory=dict)
     sweep: SweepView | None = None  # None: no sweep.secret_file, POST /sweep is 404
+    jobs: JobsView | None = None  # None: no `inspector:` section
     # The model of the node's probed GPUs as NVML names it, "cpu" on CPU ranks (gloo); None
     # where no daemon knows it (netmon probe --textfile).
     gpu_model: str | None = None
@@ -258,7 +275,7 @@ def series_points(
                 measured_at=measured_at,
                 ranks=outcome.spec.ranks,
                 min_busbw=min_busbw,
-                **_verdict_fields(verdict),
+                **verdict_fields(verdict),
                 foreign_cpu=result.foreign_cpu_share,
                 cpu_modes=tuple(result.cpu_modes.items()),
                 sm_clock_hz=result.sm_clock_hz,
@@ -267,7 +284,7 @@ def series_points(
     return tuple(points)
 
 
-def _verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
+def verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
     """A SeriesPoint's fields that come from its verdict (none without a baseline book)."""
     if verdict is None:
         return {}

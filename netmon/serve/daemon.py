@@ -39,6 +39,8 @@ from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
+from netmon.serve.jobs_traffic import JOB_ID as INSPECTOR_JOB
+from netmon.serve.jobs_traffic import JobsTraffic
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.readiness import Decision, DeviceLocks, Readiness
 from netmon.serve.results import Results
@@ -66,6 +68,7 @@ RESTART_FIELDS = (
     # The baseline book is built with its policy at start (its windows are sized by it); a
     # reload that changed it used to be accepted and ignored.
     "baseline",
+    "inspector",  # its reader and shapes are built at start
 )
 FIRST_RUN_DELAY_S = 1.0
 TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)
@@ -215,6 +218,9 @@ class Daemon:
         self.results = Results(self.current, keeper, _gpu_model(config))
         state_dir = state_path.parent if state_path is not None else None
         self.sweep_inbox = open_inbox(config, state_dir, self.results.set_sweep)
+        self.jobs_traffic = (
+            JobsTraffic(config.inspector, self.results) if config.inspector is not None else None
+        )
         source = idle_source or _idle_source(config)
         self.readiness = Readiness(
             self.current,
@@ -300,6 +306,15 @@ class Daemon:
                 misfire_grace_time=max(1, int(every)),
                 next_run_time=_utc(now),  # the first reading at once, before any probe
             )
+        if self.jobs_traffic is not None and config.inspector is not None:
+            scheduler.add_job(
+                self.jobs_traffic.read,
+                IntervalTrigger(seconds=config.inspector.interval),
+                id=INSPECTOR_JOB,
+                name="jobs' NCCL Inspector files",
+                misfire_grace_time=max(1, int(config.inspector.interval)),
+                next_run_time=_utc(now + FIRST_RUN_DELAY_S),
+            )
 
     def reload(self) -> bool:
         """SIGHUP: take the configuration again; on any error keep the old one, log, count."""
@@ -333,7 +348,7 @@ class Daemon:
         return True
 
     def _overrun(self, submission: JobSubmissionEvent) -> None:
-        if submission.job_id != TELEMETRY_JOB:
+        if submission.job_id not in (TELEMETRY_JOB, INSPECTOR_JOB):
             self.results.skip(str(submission.job_id), "still_running")
 
     def _start_group(self) -> None:

@@ -30,10 +30,14 @@ from netmon.exposition.snapshot import (
 )
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.gpu.models import CPU_MODEL
+from netmon.inspector.files import Reading
+from netmon.inspector.shapes import Round
 from netmon.probe.pairs import PairOutcome, PairSkip
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
+from netmon.serve.jobs_record import PROBE as JOBS
+from netmon.serve.jobs_record import JobsRecord
 from netmon.serve.keeper import BaselineKeeper
 from netmon.serve.known import all_ranks, judging_counters, judging_probes, known_transport_faults
 from netmon.serve.pair_record import PairRecord
@@ -98,6 +102,9 @@ class Results:
         self._peer_verdicts = PeerRecord()
         self._group_rejected: dict[str, int] = {}
         self._sweep: SweepView | None = None  # set by the sweep inbox, where there is one
+        self._jobs = JobsRecord(config.inspector, self._book) if config.inspector else None
+        if self._jobs is not None:
+            self._jobs.adopt(self._book.series())
         # Results of judged series, conclusive or not: the disturbed share's denominator.
         self._series_results = dict.fromkeys(judging_probes(config), 0)
         self._book.adopt_ranks(lambda name: all_ranks(config, name))
@@ -224,6 +231,17 @@ class Results:
         with self._lock:
             self._sweep = view
             self._snapshot = self._build_snapshot()
+
+    def jobs_read(self, round_: Round, reading: Reading, now: float) -> None:
+        """One read of the jobs' Inspector files (netmon.serve.jobs_traffic)."""
+        if self._jobs is None:
+            return
+        with self._lock:
+            for key, verdict in self._jobs.took(round_, reading, now, self._points):
+                if verdict.changed:
+                    _log_change(key, verdict)
+            self._snapshot = self._build_snapshot()
+        self._keep_state()
 
     def zygote_started(self) -> None:
         # New ranks' process: its first results pay for what a first start pays for.
@@ -382,13 +400,17 @@ class Results:
                 peak_device_memory=tally.peak_device_memory,
                 interval_s=probe.interval,
             )
+        jobs = self._jobs.points if self._jobs is not None else {}
         points = tuple(self._points[key] for key in sorted(self._points))
+        points += tuple(jobs[key] for key in sorted(jobs))
         restored = tuple(
             verdict_point(key, verdict)
             for key, verdict in sorted(self._book.verdicts().items())
             # A probe a new configuration removed keeps its state (it may come back), but its
-            # series are not exported: a degraded one would page forever.
-            if key not in self._points and key[0] in probes
+            # series are not exported: a degraded one would page forever. A shape of the jobs'
+            # traffic not seen since the start shows only while degraded (bounded: max_shapes).
+            if key not in self._points
+            and (key[0] in probes or (key[0] == JOBS and verdict.degraded and key not in jobs))
         )
         return Snapshot(
             series=points,
@@ -429,6 +451,7 @@ class Results:
             state_write_errors=self._keeper.write_errors,
             reference_resets=self._keeper.resets(self._series_results),
             sweep=self._sweep,
+            jobs=self._jobs.view() if self._jobs is not None else None,
             gpu_model=self._gpu_model,
         )
 

@@ -1,0 +1,135 @@
+"""The daemon's record of the jobs' own collectives: each shape's latest window as a series with
+probe="jobs", a node shape judged by the baseline book like a probe's series, and the reading's
+counts. Called under Results' lock; pure apart from the book it is given.
+
+A shape within the node (path "node") runs over the node's NVLink/PCIe fabric whoever's job it
+is, so the book judges it; a shape across nodes (path "nodes") also depends on the job's other
+nodes, so it is exported for the fleet comparison (recording rules rank the nodes) and not judged
+here. The book keeps the tracks of node shapes that went idle, up to KEEP_PER_SHAPE x max_shapes
+of them (the least recently seen healthy ones go first), so a shape a daily job brings back is
+judged against what it learned before.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from netmon import baseline
+from netmon.exposition.snapshot import JobsView, SeriesKey, SeriesPoint, verdict_fields
+from netmon.inspector.files import Reading
+from netmon.inspector.settings import InspectorConfig
+from netmon.inspector.shapes import Round, Window
+
+PROBE = "jobs"
+KEEP_PER_SHAPE = 4
+# An idle probe's series of the same shape runs on these paths (NCCL's choice, as the jobs').
+YARDSTICK_PATHS = ("default", "nvlink")
+
+
+class JobsRecord:
+    def __init__(self, settings: InspectorConfig, book: baseline.BaselineBook) -> None:
+        self.settings = settings
+        self._book = book
+        self.points: dict[SeriesKey, SeriesPoint] = {}
+        self._collectives: Counter[str] = Counter()
+        self._rejected: Counter[str] = Counter()
+        self._overflow = 0
+        self._removed = 0
+        self._covered: float | None = None
+        self._read_at: float | None = None
+        self._ratios: dict[tuple[str, int, int], float] = {}
+        self._judged_at: dict[SeriesKey, float] = {}  # node shapes in the book, last judged
+
+    def took(
+        self, round_: Round, reading: Reading, now: float, probes: Mapping[SeriesKey, SeriesPoint]
+    ) -> list[tuple[SeriesKey, baseline.Verdict]]:
+        """One read: its windows judged and exported, expired shapes gone, counts added; returns
+        the verdicts reached."""
+        self._collectives.update(round_.collectives)
+        self._rejected.update(reading.rejected)
+        self._overflow += round_.dropped
+        self._removed += reading.removed
+        self._covered = round_.covered if round_.covered is not None else self._covered
+        self._read_at = now
+        for shape in round_.expired:
+            self.points.pop((PROBE, shape.op, shape.size_bytes, shape.path, shape.ranks), None)
+        verdicts = [found for w in round_.windows if (found := self._export(w, now)) is not None]
+        self._ratios = _yardsticks(self.points, probes)
+        self._keep_bounded()
+        return verdicts
+
+    def _export(self, window: Window, now: float) -> tuple[SeriesKey, baseline.Verdict] | None:
+        shape = window.shape
+        key = (PROBE, shape.op, shape.size_bytes, shape.path, shape.ranks)
+        verdict = None
+        judged: dict[str, object] = {"judged": False}
+        if shape.path == "node" and window.collectives >= self.settings.min_collectives:
+            verdict = self._book.observe(key, window.busbw, window.cv, None, at=now)
+            self._judged_at[key] = now
+            judged = verdict_fields(verdict)
+        elif key in self.points and self.points[key].judged:
+            judged = verdict_fields(self._book.verdict(key))  # too few to judge: the last verdict
+        self.points[key] = SeriesPoint(
+            probe=PROBE,
+            op=shape.op,
+            size_bytes=shape.size_bytes,
+            path=shape.path,
+            busbw=window.busbw,
+            algbw=window.algbw,
+            latency_s=window.seconds,
+            cv=window.cv,
+            measured_at=now,
+            ranks=shape.ranks,
+            **judged,  # type: ignore[arg-type]
+        )
+        return (key, verdict) if verdict is not None else None
+
+    def _keep_bounded(self) -> None:
+        most = KEEP_PER_SHAPE * self.settings.max_shapes
+        if len(self._judged_at) <= most:
+            return
+        verdicts = self._book.verdicts()
+        idle = sorted(
+            (at, key)
+            for key, at in self._judged_at.items()
+            if key not in self.points and not (verdicts.get(key) and verdicts[key].degraded)
+        )
+        gone = [key for _, key in idle[: len(self._judged_at) - most]]
+        self._book.drop(gone)
+        for key in gone:
+            del self._judged_at[key]
+
+    def adopt(self, keys: list[SeriesKey]) -> None:
+        """The book's jobs series from the state file: kept within the same bound."""
+        self._judged_at.update((key, 0.0) for key in keys if key[0] == PROBE)
+
+    def view(self) -> JobsView:
+        return JobsView(
+            collectives=dict(self._collectives),
+            overflow=self._overflow,
+            shapes=len(self.points),
+            covered=self._covered,
+            rejected=dict(self._rejected),
+            removed=self._removed,
+            read_at=self._read_at,
+            window_s=self.settings.window,
+            probe_ratios=dict(self._ratios),
+        )
+
+
+def _yardsticks(
+    jobs: Mapping[SeriesKey, SeriesPoint], probes: Mapping[SeriesKey, SeriesPoint]
+) -> dict[tuple[str, int, int], float]:
+    """Each node shape's busbw over the reference (else the baseline) of an idle probe's series
+    of the same op, size and ranks, where the daemon has one."""
+    expected: dict[tuple[str, int, int], float] = {}
+    for (probe, op, size, path, ranks), point in probes.items():
+        level = point.reference or point.baseline
+        if probe != PROBE and path in YARDSTICK_PATHS and level:
+            expected.setdefault((op, size, ranks), level)
+    return {
+        (op, size, ranks): point.busbw / expected[(op, size, ranks)]
+        for (_, op, size, path, ranks), point in jobs.items()
+        if path == "node" and (op, size, ranks) in expected
+    }
