@@ -1,5 +1,6 @@
 # shellcheck shell=sh
-# Shared by prolog.sh, epilog.sh and healthcheck.sh (sourced, not run): netmon's pause, held by
+# Shared by prolog.sh, epilog.sh and healthcheck.sh (sourced, not run; task_prolog.sh takes its
+# settings and netmon_log for netmon-inspector.sh): netmon's pause, held by
 # any number of holders. Each holder (a job, the health check) leaves a marker file in
 # $NETMON_PAUSE_HOLDERS, the directory netmon reads as its `pause_dir`. An empty marker pauses
 # the whole node, and so does the pause file, which exists while any such marker does (for a
@@ -14,6 +15,7 @@
 #   NETMON_PAUSE_PER_GPU        1: a job with GPUs pauses only its GPUs (default 0: the node)
 #   NETMON_SLURM_GPU_NUMBERING  what SLURM_JOB_GPUS numbers are here: auto, index or minor
 #   NETMON_NVIDIA_SMI           nvidia-smi to map them with (default: nvidia-smi on PATH)
+#   NETMON_INSPECTOR_DIR, NETMON_INSPECTOR_PLUGIN: NCCL Inspector's, see netmon-inspector.sh
 
 NETMON_SLURM_CONF=${NETMON_SLURM_CONF:-/etc/netmon/slurm.conf}
 if [ -r "$NETMON_SLURM_CONF" ]; then

@@ -10,9 +10,15 @@
 # Slurm drains a node whose prolog fails, so this never fails: if the pause cannot be set, it
 # logs why and the job starts anyway (netmon's own idle check still stops a probe that meets a
 # job's process on a GPU).
+#
+# With NCCL Inspector's plugin installed (netmon-inspector.sh), it also makes the job its dump
+# directory, $NETMON_INSPECTOR_DIR/$SLURM_JOB_ID, the job's user's and 0700 (never through a
+# symlink), which task_prolog.sh points NCCL at; without it the job runs with Inspector off.
 set -u
 # shellcheck source=netmon-pause.sh
 . "$(dirname "$0")/netmon-pause.sh"
+# shellcheck source=netmon-inspector.sh
+. "$(dirname "$0")/netmon-inspector.sh"
 
 # The job's GPUs, or nothing for the whole node (the safe side when they cannot be told).
 job_gpus() {
@@ -29,4 +35,5 @@ if [ -z "${SLURM_JOB_ID:-}" ]; then
 elif ! netmon_pause_acquire "job-$SLURM_JOB_ID" "$(job_gpus)"; then
   netmon_log "prolog: could not pause netmon for job $SLURM_JOB_ID"
 fi
+netmon_inspector_prepare
 exit 0
