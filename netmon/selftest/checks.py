@@ -25,6 +25,7 @@ CHECKS: tuple[str, ...] = (
     "zygote",
     "telemetry",
     "noise",
+    "inspector",
 )
 
 # Device memory: a rank's peak (torch.cuda.max_memory_allocated) may exceed its buffers by 5 %,

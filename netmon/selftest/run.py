@@ -27,6 +27,7 @@ from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.starting import base_env
 from netmon.selftest import checks, drill, versus
 from netmon.selftest.checks import Row, skipped
+from netmon.selftest.inspector import inspector_row
 from netmon.selftest.report import Report
 from netmon.topology.model import Topology
 
@@ -318,6 +319,7 @@ def run_selftest(plan: Plan, progress: Progress = lambda row: None) -> Report:
         "zygote": test.run_zygote,
         "telemetry": test.run_telemetry,
         "noise": test.run_noise,
+        "inspector": lambda: test.add(inspector_row(plan.node.inspector)),
     }
     error = None
     try:
