@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -24,6 +25,7 @@ from netmon.serve.sweep_inbox import node_names
 from netmon.sweep.delivery.deliver import deliver
 from tests.conftest import wait_for
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file
+from tests.inspector_files import Comm, prom_dump
 from tests.prometheus_harness import Prometheus
 from tests.test_sweep_inbox import SECRET, SECRET_TEXT, report
 
@@ -73,6 +75,8 @@ NEEDS_GPUS_OR_GROUPS: dict[tuple[str, str], str] = {
     ("Groups and leaders", "A"): _GROUPS,
     ("Groups and leaders", "B"): _GROUPS,
     ("Group messages rejected", "A"): _GROUPS,
+    ("Jobs across nodes: nodes against the fleet", "A"): "the fleet's median needs 4 nodes' "
+    "jobs across nodes (NCCL Inspector); this test runs one daemon",
 }
 
 # Families that exist only with GPUs or node groups: a query over nothing else must be listed above.
@@ -247,7 +251,16 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
     }
     # A sweep secret, so that the sweep panels have a report to show (delivered below).
     sweep = {"secret_file": secret_file(tmp_path / "secrets", SECRET_TEXT, "sweep.secret")}
-    config = fast_config(tmp_path, probes=probes, baseline=policy, sweep=sweep)
+    # A job's NCCL Inspector dumps, rewritten every second, for the "Jobs' own traffic" row:
+    # one of its shapes is the "large" probe's (all_reduce 64 KiB on 2 ranks), for the yardstick.
+    inspector = {
+        "dir": str(tmp_path / "inspector"),
+        "interval": 1,
+        "window": 1,
+        "min_collectives": 1,
+    }
+    config = fast_config(tmp_path, probes=probes, baseline=policy, sweep=sweep, inspector=inspector)
+    job = JobDumps(tmp_path / "inspector")
     daemon = DaemonProcess(tmp_path, config)
     prometheus = None
     try:
@@ -271,6 +284,8 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
             'instance_probe:netmon_probe_failures:increase1h{probe="broken"} > 2.5',
             'ALERTS{alertname="NetmonProbeFailing", probe="broken"}',
             'ALERTS{alertname="NetmonProbeStale", probe="broken"}',
+            'netmon_busbw_reference_bytes_per_second{probe="jobs"}',
+            "netmon_jobs_probe_ratio",
         ):
             wait_for(shows(expr), 120, expr, poll=0.5)
         # Timing verdicts (stale, degraded, a suspect pair) depend on this machine's load; these
@@ -331,6 +346,35 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
             f"{q.key}: {q.promql()}\n  raw: {_raw_families(api, q)}" for q in still_empty
         )
     finally:
+        job.stop()
         if prometheus is not None:
             prometheus.stop()
         assert daemon.stop() == 0
+
+
+class JobDumps:
+    """A job writing Inspector dumps every second (until stop()), and a symlink the daemon
+    refuses (netmon_jobs_rejected_total)."""
+
+    COMMS = (
+        Comm(0x51, "AllReduce", 64 << 10, 2, 1, (0, 1)),
+        Comm(0x52, "ReduceScatter", 1 << 20, 4, 2, (0, 1), 0),
+    )
+
+    def __init__(self, root: Path) -> None:
+        (root / "1").mkdir(parents=True)
+        (root / "1" / "elsewhere.prom").symlink_to("/etc/hostname")
+        self.root = root
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._write, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        n = 0
+        while not self.stopping.wait(1.0):
+            n += 1
+            prom_dump(self.root / "1", self.COMMS, lambda _c, _g: 2.0, time.time(), n)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
