@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from tests.daemon_harness import DaemonProcess, Samples, fast_config, wait_until
 from tests.inspector_files import Comm, prom_dump, training_comms
@@ -163,3 +167,26 @@ def test_hostile_files_are_counted_and_metrics_keep_serving(tmp_path: Path) -> N
         assert "symlink" in daemon.log()
     finally:
         assert daemon.stop() == 0
+
+
+def test_an_operator_can_rebaseline_the_jobs_series(tmp_path: Path) -> None:
+    config_path = tmp_path / "netmon.yaml"
+    config_path.write_text(yaml.safe_dump(_config(tmp_path)))
+    (tmp_path / "state").mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "netmon",
+            "rebaseline",
+            "--config",
+            str(config_path),
+            "--probe",
+            "jobs",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rebaseline requested for jobs" in done.stdout

@@ -50,6 +50,8 @@ def _cmd_rebaseline(args: argparse.Namespace) -> int:
 
     config, _ = load_daemon_config(args)
     known = [p.name for p in config.probes or ()]
+    if config.inspector is not None:
+        known.append("jobs")  # the jobs' own collectives (docs/INSPECTOR.md): judged series too
     for name in args.probe:
         if name not in known:
             raise UsageError(

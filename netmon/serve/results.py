@@ -374,9 +374,11 @@ class Results:
         if forgotten:
             with self._lock:
                 # Their points show no verdict until their next result.
+                jobs = self._jobs.points if self._jobs is not None else {}
                 for key in forgotten:
-                    if key in self._points:
-                        self._points[key] = forget_verdict(self._points[key])
+                    for points in (self._points, jobs):
+                        if key in points:
+                            points[key] = forget_verdict(points[key])
                 self._snapshot = self._build_snapshot()
         self._keeper.save()
 
