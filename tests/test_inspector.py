@@ -300,3 +300,16 @@ def test_too_many_files_are_left_for_later_not_all_opened(tmp_path: Path) -> Non
         (job / f"f{n}.prom").write_text("")
     reading = _reader(tmp_path, max_files=10).read(NOW)
     assert reading.rejected["too_many_files"] == 1 and reading.files <= 10
+
+
+def test_a_file_refused_as_a_file_is_counted_once_while_it_stays(tmp_path: Path) -> None:
+    _good_dump(tmp_path)
+    link = tmp_path / "1" / "linked.prom"
+    link.symlink_to("/etc/hostname")
+    reader = _reader(tmp_path)
+    assert reader.read(NOW).rejected["symlink"] == 1
+    assert reader.read(NOW + 30).rejected["symlink"] == 0  # the same link: not again
+    link.unlink()
+    assert reader.read(NOW + 60).rejected["symlink"] == 0
+    link.symlink_to("/etc/hostname")  # planted again: a new one
+    assert reader.read(NOW + 90).rejected["symlink"] == 1

@@ -56,6 +56,10 @@ class DumpReader:
         self.remove = remove  # False: read only (netmon selftest)
         self._seen: dict[tuple[str, str], _Seen] = {}
         self._warned: set[tuple[str, str]] = set()
+        # Files refused as files (a symlink, a FIFO, ...) at the last read: counted once while
+        # they stay, not at every read.
+        self._refused: set[tuple[str, str, str]] = set()
+        self._refused_now: set[tuple[str, str, str]] = set()
 
     def read(self, now: float) -> Reading:
         reading = Reading()
@@ -66,17 +70,19 @@ class DumpReader:
             reading.rejected["missing_dir"] += 1
             return reading
         visited: set[tuple[str, str]] = set()
+        self._refused_now = set()
         try:
             for job in self._jobs(root, reading):
                 try:
                     self._read_job(root, job, now, reading, visited)
                 except OSError as exc:  # one job's directory changing under the read
-                    self._reject(reading, (job, ""), "unreadable")
+                    self._refuse(reading, (job, ""), "unreadable")
                     log.debug("inspector: %s: %s", job, exc)
         finally:
             os.close(root)
         for key in set(self._seen) - visited:
             del self._seen[key]
+        self._refused = self._refused_now
         if len(self._warned) > 4096:
             self._warned.clear()  # bounded: one warning per file and reason, again after this
         return reading
@@ -88,7 +94,7 @@ class DumpReader:
                     reading.rejected["too_many_files"] += 1
                     return
                 if entry.is_symlink():
-                    self._reject(reading, (entry.name, ""), "symlink")
+                    self._refuse(reading, (entry.name, ""), "symlink")
                 elif entry.is_dir(follow_symlinks=False):
                     yield entry.name
 
@@ -98,7 +104,7 @@ class DumpReader:
         try:
             fd = os.open(job, _OPEN_DIR, dir_fd=root)
         except OSError as exc:
-            self._reject(
+            self._refuse(
                 reading, (job, ""), "symlink" if exc.errno == errno.ELOOP else "unreadable"
             )
             return
@@ -121,7 +127,7 @@ class DumpReader:
                     break
                 key = (job, entry.name)
                 if entry.is_symlink():
-                    self._reject(reading, key, "symlink")
+                    self._refuse(reading, key, "symlink")
                     continue
                 try:
                     info = entry.stat(follow_symlinks=False)
@@ -139,20 +145,20 @@ class DumpReader:
         try:
             file = os.open(key[1], _OPEN, dir_fd=fd)
         except OSError as exc:
-            self._reject(reading, key, "symlink" if exc.errno == errno.ELOOP else "unreadable")
+            self._refuse(reading, key, "symlink" if exc.errno == errno.ELOOP else "unreadable")
             return
         try:
             info = os.fstat(file)
             if not stat.S_ISREG(info.st_mode):
-                self._reject(reading, key, "not_a_file")
+                self._refuse(reading, key, "not_a_file")
             elif info.st_nlink != 1:
-                self._reject(reading, key, "hardlink")  # another name for someone's file
+                self._refuse(reading, key, "hardlink")  # another name for someone's file
             elif key[1].endswith(PROM_SUFFIX):
                 self._read_prom(file, key, info, reading)
             else:
                 self._read_jsonl(file, key, info, reading)
         except OSError:
-            self._reject(reading, key, "unreadable")
+            self._refuse(reading, key, "unreadable")
         finally:
             os.close(file)
 
@@ -231,6 +237,13 @@ class DumpReader:
             return
         reading.removed += 1
         log.info("inspector: removed the files of ended job %s", job)
+
+    def _refuse(self, reading: Reading, key: tuple[str, str], reason: str) -> None:
+        """A file or directory not read as such: counted when it first appears."""
+        refused = (*key, reason)
+        self._refused_now.add(refused)
+        if refused not in self._refused:
+            self._reject(reading, key, reason)
 
     def _reject(self, reading: Reading, key: tuple[str, str], reason: str, n: int = 1) -> None:
         reading.rejected[reason] += n
