@@ -93,8 +93,9 @@ connect to the pod's address, so every pod would fail its probes and restart. */
 {{- end -}}
 
 {{/* netmon.yaml: .Values.config with the listen address of service.port, idle.kubelet_socket
-while the guard is on, and the sweep's secret while sweeps are on (the daemon takes a node's
-results sealed with it). */}}
+while the guard is on, the sweep's secret while sweeps are on (the daemon takes a node's
+results sealed with it), and the inspector section while NCCL Inspector is on: its dir is
+inspector.hostPath, mounted at the same path, the rest inspector.settings. */}}
 {{- define "netmon.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
 {{- $_ := set $config "listen" (include "netmon.listen" .) -}}
@@ -103,6 +104,11 @@ results sealed with it). */}}
 {{- end -}}
 {{- if .Values.sweep.enabled -}}
 {{- $config = merge $config (dict "sweep" (dict "secret_file" (include "netmon.sweepSecretFile" .))) -}}
+{{- end -}}
+{{- if .Values.inspector.enabled -}}
+{{- $inspector := deepCopy (.Values.inspector.settings | default dict) -}}
+{{- $_ := set $inspector "dir" .Values.inspector.hostPath -}}
+{{- $_ := set $config "inspector" $inspector -}}
 {{- end -}}
 {{- toYaml $config -}}
 {{- end -}}
@@ -207,13 +213,25 @@ kubeletGuard.runAsRoot or rdma needs it, which securityContext cannot take away.
 {{- else if and (eq (toString $container.runAsUser) "0") (not (hasKey $given "runAsNonRoot")) -}}
 {{- $_ := set $container "runAsNonRoot" false -}}
 {{- end -}}
+{{- /* Whatever capabilities securityContext sets: RDMA pins NCCL's buffers (IPC_LOCK); the
+jobs' NCCL Inspector directories are their pods' users', which netmon reads (DAC_READ_SEARCH)
+and removes once ended (DAC_OVERRIDE). */ -}}
+{{- $needed := list -}}
 {{- if .Values.rdma.enabled -}}
-{{- /* RDMA pins NCCL's buffers: IPC_LOCK, whatever capabilities securityContext sets. */ -}}
+{{- $needed = append $needed "IPC_LOCK" -}}
+{{- end -}}
+{{- if .Values.inspector.enabled -}}
+{{- $needed = concat $needed (list "DAC_READ_SEARCH" "DAC_OVERRIDE") -}}
+{{- end -}}
+{{- if $needed -}}
 {{- $caps := $container.capabilities | default dict -}}
 {{- $add := $caps.add | default list -}}
-{{- if not (has "IPC_LOCK" $add) -}}
-{{- $_ := set $caps "add" (append $add "IPC_LOCK") -}}
+{{- range $needed -}}
+{{- if not (has . $add) -}}
+{{- $add = append $add . -}}
 {{- end -}}
+{{- end -}}
+{{- $_ := set $caps "add" $add -}}
 {{- $_ := set $container "capabilities" $caps -}}
 {{- end -}}
 {{- toYaml $container -}}
@@ -380,5 +398,22 @@ Service and the sweep's daemon_labels. */ -}}
 {{- end -}}
 {{- if and $web.requireClientCert (not $web.tls) -}}
 {{- fail "webConfig.requireClientCert needs webConfig.tls: client certificates come with tls_server_config" -}}
+{{- end -}}
+{{- /* netmon.yaml's inspector section is the chart's: its dir must be the directory mounted. */ -}}
+{{- $config := .Values.config | default dict -}}
+{{- if and (hasKey $config "inspector") (not (kindIs "invalid" $config.inspector)) -}}
+{{- fail "config.inspector: netmon.yaml's inspector section is the chart's, from inspector.hostPath (its dir, which the chart mounts) and inspector.settings (the rest): remove config.inspector, set inspector.enabled=true, inspector.hostPath to its dir and inspector.settings to its other keys" -}}
+{{- end -}}
+{{- $inspector := .Values.inspector -}}
+{{- if hasKey ($inspector.settings | default dict) "dir" -}}
+{{- fail (printf "inspector.settings.dir: the directory is inspector.hostPath (%s), which the chart mounts at the same path: remove inspector.settings.dir and set inspector.hostPath" $inspector.hostPath) -}}
+{{- end -}}
+{{- if $inspector.enabled -}}
+{{- $path := $inspector.hostPath -}}
+{{- range list "/etc/netmon" "/etc/netmon-web" "/var/lib/netmon" "/run/netmon" "/var/lib/kubelet/pod-resources" "/var/run/secrets" "/tmp" "/dev/shm" -}}
+{{- if or (eq $path .) (hasPrefix (printf "%s/" .) $path) (hasPrefix (printf "%s/" $path) .) -}}
+{{- fail (printf "inspector.hostPath (%s) overlaps %s, which the chart mounts in the netmon container: give the NCCL Inspector dumps a directory of their own, e.g. /var/lib/netmon-inspector" $path .) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
