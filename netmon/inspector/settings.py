@@ -38,8 +38,8 @@ class InspectorConfig(BaseModel):
     # An exported shape that saw no collective for this long leaves /metrics, making room (a
     # job's start-up collectives, say, for the shapes it trains with).
     shape_idle: float = Field(900.0, ge=60.0)
-    # A shape's sample is the median of its collectives over this long (several dumps: the
-    # plugin writes one collective per communicator and rank per dump), and needs this many.
+    # A shape's sample is taken over this long (several dumps: the plugin writes one collective
+    # per communicator and rank per dump; netmon.inspector.shapes), and needs this many.
     window: float = Field(120.0, ge=1.0, le=3600.0)
     min_collectives: int = Field(3, ge=1)
 

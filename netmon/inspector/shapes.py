@@ -6,9 +6,11 @@ the communicator's size, and `node` for a communicator within this node or `node
 across nodes. At most `cap` shapes are kept; a collective of a shape past the cap is counted,
 never exported, and a shape idle for `idle_s` leaves, making room.
 
-A shape's sample (a Window) is the median of its collectives over `window_s`, several dumps:
-the plugin keeps only each communicator's latest collective per dump, and one collective that
-met a slow step of its job is a fact about the job, not about the link.
+A shape's sample (a Window) is taken over `window_s`, several dumps (the plugin keeps only each
+communicator's latest collective per dump): the upper quartile of one value per communicator and
+dump. A collective that met a slow step of its job (a straggler, a stall, compute sharing the
+GPU) runs slower, never faster: a fact about the job, outvoted unless most of the window met one,
+while a link that lost bandwidth slows them all.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from netmon.baseline import robust
 from netmon.inspector.records import Collective
 
 PATHS = ("node", "nodes")
-MAX_PENDING = 4096  # a shape's collectives kept for one window: the rest of it is not needed
+MAX_PENDING = 4096
+WINDOW_QUANTILE = 0.75  # a shape's collectives kept for one window: the rest of it is not needed
 
 
 @dataclass(frozen=True, order=True)
@@ -39,7 +42,8 @@ def shape_of(collective: Collective) -> Shape:
 
 @dataclass(frozen=True)
 class Window:
-    """One shape's collectives in one read: medians, their robust cv, how many."""
+    """One shape's sample: its busbw (the window's upper quartile), the medians of algbw and
+    time, the spread of the values over the median as a cv, and how many values."""
 
     shape: Shape
     busbw: float
@@ -124,26 +128,30 @@ class Shapes:
 
 def _window(shape: Shape, collectives: list[Collective]) -> Window:
     busbw = [c.busbw for c in collectives]
+    level = robust.quantile(busbw, WINDOW_QUANTILE)
     centre = robust.median(busbw)
-    spread = robust.MAD_TO_SIGMA * robust.median([abs(b - centre) for b in busbw])
+    # The spread of the values over the median: a slow step of the job (a low outlier) says
+    # nothing of the link, the jitter of the transfers themselves does.
+    upper = [b for b in busbw if b >= centre]
+    spread = robust.MAD_TO_SIGMA * robust.median([abs(b - level) for b in upper])
     return Window(
         shape=shape,
-        busbw=centre,
+        busbw=level,
         algbw=robust.median([c.algbw for c in collectives]),
         seconds=robust.median([c.seconds for c in collectives]),
-        cv=spread / centre if len(busbw) >= 3 and centre > 0 else 0.0,
+        cv=spread / level if len(busbw) >= 3 and level > 0 else 0.0,
         collectives=len(collectives),
     )
 
 
 def _least_waited(collectives: list[Collective]) -> list[Collective]:
-    """One rank's record per collective: the fastest. A rank's time runs from its own kernel's
-    start, so a rank that came early also waited for the last one; the last to come waited
-    least, and its time is the transfer's. Ranks whose collective is not in this read (each
-    process dumps on its own clock) stand alone."""
-    best: dict[tuple[str, int], Collective] = {}
+    """One record per communicator in one read: of its ranks' on this node, the fastest. A
+    rank's time runs from its own kernel's start, so a rank that came early also waited for the
+    last one; the last to come waited least, and its time is the transfer's. Each rank's record
+    is its own latest collective (each process dumps on its own clock), so the fastest of them
+    is also the least likely to be one that met a slow step of the job."""
+    best: dict[str, Collective] = {}
     for c in collectives:
-        key = (c.comm, c.serial)
-        if key not in best or c.busbw > best[key].busbw:
-            best[key] = c
+        if c.comm not in best or c.busbw > best[c.comm].busbw:
+            best[c.comm] = c
     return list(best.values())
