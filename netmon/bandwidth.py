@@ -37,6 +37,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNOREC
 _RATE_RE = re.compile(
     r"^\s*(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*([KMGT]?)(?:B(?:/S)?)?\s*$", re.IGNORECASE
 )
+# A rate without a suffix under this is refused: no interconnect gate means bytes/s that low.
+BARE_RATE_FLOOR = 1e6
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
 
 
@@ -64,7 +66,7 @@ def parse_rate(text: str | float) -> float:
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a rate; use bytes/s with an optional K, M, G suffix")
     if isinstance(text, (int, float)):
-        value = float(text)
+        value, bare = float(text), True
     else:
         match = _RATE_RE.match(str(text))
         if not match:
@@ -73,8 +75,15 @@ def parse_rate(text: str | float) -> float:
                 "(1.5G = 1.5e9)"
             )
         value = float(match.group(1)) * _DECIMAL[match.group(2).upper()]
+        bare = not match.group(2)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"rate {text!r} must be a finite number >= 0")
+    if bare and 0 < value < BARE_RATE_FLOOR:
+        # "150" meant as GB/s is 150 B/s, which every link passes: a gate that never fails.
+        raise ValueError(
+            f"rate {text!r} is {value:g} bytes/s, under 1 MB/s: did you mean {value:g}G? "
+            "Give the suffix (K, M, G: 150G = 150e9 B/s)"
+        )
     return value
 
 

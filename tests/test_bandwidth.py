@@ -32,10 +32,28 @@ def test_bad_sizes_say_what_is_accepted(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1.5G", 1.5e9), ("1.5GB/s", 1.5e9), ("200M", 2e8), ("10", 10.0), (3e9, 3e9), ("1e9", 1e9)],
+    [
+        ("1.5G", 1.5e9),
+        ("1.5GB/s", 1.5e9),
+        ("200M", 2e8),
+        ("10K", 1e4),
+        (3e9, 3e9),
+        ("1e9", 1e9),
+        ("0", 0.0),
+        ("2000000", 2e6),
+    ],
 )
 def test_rates_use_decimal_suffixes_like_gb_per_s(text: str | float, expected: float) -> None:
     assert bw.parse_rate(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["150", 150, "10", 0.5, "999999"])
+def test_a_bare_rate_under_1_mb_per_s_is_refused_with_the_suffix_it_meant(
+    text: str | float,
+) -> None:
+    # "--min-busbw 150" meant 150 GB/s; as 150 B/s the gate could never fail.
+    with pytest.raises(ValueError, match=rf"under 1 MB/s: did you mean {float(text):g}G\?"):
+        bw.parse_rate(text)
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,7 @@ def test_sweep_flags_like_nccl_tests() -> None:
         (["--sizes", "8,1X"], "--sizes"),
         (["--op", "allreduce"], "--op"),
         (["--min-busbw", "fast"], "--min-busbw"),
+        (["--min-busbw", "150"], "--min-busbw: rate '150' is 150 bytes/s, under 1 MB/s"),
         (["--env", "NOEQUALS"], "--env"),
         (["--ranks", "0"], "--ranks"),
         (["--timeout", "soon"], "--timeout"),

@@ -274,6 +274,10 @@ def test_check_config_without_a_file_prints_the_embedded_default() -> None:
         ),
         ("lisen: 127.0.0.1:1", ["lisen: unknown setting", "accepted: listen, state_dir"]),
         ("idle: {samples: 0}", ["idle.samples", "greater than or equal to 1"]),
+        (
+            "probes: [{name: a, sizes: [8], min_busbw: 150}]",
+            ["probes[0].min_busbw", "did you mean 150G?"],
+        ),
         ("inspector: {dir: relative/x}", ["inspector: dir must be an absolute path"]),
         ("inspector: {dir: /x, window: 10s}", ["inspector: window (10 s) must be >= interval"]),
         ("inspector: {dir: /x, intervl: 5}", ["inspector.intervl: unknown setting", "interval"]),
