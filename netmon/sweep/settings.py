@@ -100,7 +100,7 @@ class SweepConfig(BaseModel):
     @field_validator("min_busbw", mode="before")
     @classmethod
     def _rate(cls, value: object) -> object:
-        return parse_rate(value) if isinstance(value, str) else value
+        return parse_rate(value) if isinstance(value, (str, int, float)) else value
 
     @field_validator("size", "nccl_size", mode="before")
     @classmethod
