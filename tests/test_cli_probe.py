@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,37 @@ def test_path_variants_in_one_call_and_a_plot(tmp_path: Path) -> None:
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = run("probe", "--backend", "gloo", "--paths", "default,warp", timeout=30)
     assert bad.returncode == 2 and "--paths" in bad.stderr
+
+
+def test_plot_without_matplotlib_fails_before_measuring_with_a_hint_that_works() -> None:
+    # As on an install without the plot extra: matplotlib cannot be imported.
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from netmon.cli.main import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "probe",
+            "--backend",
+            "gloo",
+            "--sizes",
+            "256M",
+            "-n",
+            "50",
+            "--plot",
+            "/tmp/never.png",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 20  # 50 x 256 MiB on gloo would take minutes
+    assert done.stdout == ""
+    (line,) = done.stderr.strip().splitlines()
+    assert "--plot: needs matplotlib" in line and "pip install matplotlib" in line
+    assert "netmon-gpu[plot]" not in line  # not on PyPI: the hint must work as written

@@ -9,6 +9,22 @@ from netmon.bandwidth import format_size
 from netmon.errors import UsageError
 from netmon.probe.spec import ProbeOutcome
 
+# What --plot needs, said so that it works from a checkout as from an install: netmon-gpu is
+# not on PyPI, so `pip install 'netmon-gpu[plot]'` would find nothing.
+MISSING = (
+    "--plot: needs matplotlib, which is not installed here: `pip install matplotlib` in netmon's "
+    "environment (in a checkout: .venv/bin/pip install matplotlib), or install netmon with its "
+    "plot extra (pip install '/path/to/netmon[plot]')"
+)
+
+
+def require() -> None:
+    """Fail before any measuring when the plot could not be drawn after it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError(MISSING) from None
+
 
 def busbw_against_size(outcomes: Sequence[ProbeOutcome], target: Path) -> None:
     try:
@@ -17,7 +33,7 @@ def busbw_against_size(outcomes: Sequence[ProbeOutcome], target: Path) -> None:
         matplotlib.use("Agg")  # no display: render straight to the file
         import matplotlib.pyplot as plt
     except ImportError:
-        raise UsageError("--plot: needs matplotlib: pip install 'netmon-gpu[plot]'") from None
+        raise UsageError(MISSING) from None
     figure, axes = plt.subplots(figsize=(8, 5))
     for outcome in outcomes:
         if not outcome.results:

@@ -131,7 +131,7 @@ def add_parser(commands: Any) -> None:
         type=Path,
         metavar="FILE.png",
         help="draw busbw against size for every op, path and chunking (needs matplotlib: "
-        "pip install 'netmon-gpu[plot]')",
+        "pip install matplotlib)",
     )
     probe.add_argument("-c", "--check", action="store_true", help="verify results after timing")
     probe.add_argument(
@@ -393,6 +393,10 @@ def run(args: argparse.Namespace) -> int:
             min_busbw = bandwidth.parse_rate(args.min_busbw)
         except ValueError as exc:
             raise UsageError(f"--min-busbw: {exc}") from None
+    if args.plot is not None:
+        from netmon.cli import plot
+
+        plot.require()  # before the measuring, not after it
     request = _request(args)
     specs = request.specs()
     if getattr(args, "nccl_missing", None):
