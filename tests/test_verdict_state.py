@@ -141,6 +141,21 @@ def test_rebaseline_names_an_unknown_probe_in_one_line(tmp_path: Path) -> None:
     assert requests_left(tmp_path / "state") == []  # nothing was left for the daemon
 
 
+def test_rebaseline_forgets_every_probe_only_when_asked_to_with_all(tmp_path: Path) -> None:
+    config = tmp_path / "netmon.yaml"
+    config.write_text(json.dumps(fast_config(tmp_path, probes=PROBES)))
+    (tmp_path / "state").mkdir()
+    bare = rebaseline("--config", str(config))
+    assert bare.returncode == 2 and "--probe NAME" in bare.stderr and "--all" in bare.stderr
+    assert requests_left(tmp_path / "state") == []  # nothing requested
+    both = rebaseline("--config", str(config), "--all", "--probe", "small")
+    assert both.returncode == 2 and requests_left(tmp_path / "state") == []
+    every = rebaseline("--config", str(config), "--all", "--reason", "new driver")
+    assert every.returncode == 0 and "every probe" in every.stdout
+    (left,) = requests_left(tmp_path / "state")
+    assert json.loads((tmp_path / "state" / "rebaseline" / left).read_text())["probes"] == []
+
+
 # --- a running daemon: its families, an operator's request, a save that fails
 
 

@@ -38,7 +38,12 @@ def add_parser(commands: Any) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="only this probe's series (repeatable; default: every probe)",
+        help="this probe's series (repeatable); --all for every probe's",
+    )
+    rebaseline.add_argument(
+        "--all",
+        action="store_true",
+        help="every probe's series: forgetting every reference of the node is never a default",
     )
     rebaseline.add_argument("--reason", default="", help="why, for the daemon's log")
     rebaseline.set_defaults(handler=_cmd_rebaseline)
@@ -48,6 +53,13 @@ def _cmd_rebaseline(args: argparse.Namespace) -> int:
     from netmon.baseline import requests
     from netmon.cli.main import load_daemon_config
 
+    if not args.probe and not args.all:
+        raise UsageError(
+            "name what to forget: --probe NAME (repeatable) for a probe's series, or --all for "
+            "every probe's; nothing was requested"
+        )
+    if args.probe and args.all:
+        raise UsageError("--all forgets every probe's series: give it or --probe, not both")
     config, _ = load_daemon_config(args)
     known = [p.name for p in config.probes or ()]
     if config.inspector is not None:
