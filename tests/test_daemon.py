@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
 
@@ -297,3 +300,23 @@ def test_pair_and_path_probes_export_per_pair_and_per_path(
     assert transports == {"gloo"}
     assert daemon.stop() == 0
     assert daemon.tagged_processes() == []
+
+
+def test_a_port_in_use_leaves_no_state_directory_behind(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = fast_config(tmp_path, listen=f"127.0.0.1:{port}")
+        config["state_dir"] = str(tmp_path / "new" / "state")
+        path = tmp_path / "netmon.yaml"
+        path.write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [sys.executable, "-m", "netmon", "serve", "--config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 2, done.stderr
+    assert f"listen: cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert not (tmp_path / "new").exists()
