@@ -68,6 +68,8 @@ def test_no_controller_is_exit_3_with_a_json_error(tmp_path: Path) -> None:
     assert report["error"] and report["rounds"] == 0 and report["suspects"] == []
     assert {"pairs", "results", "skips", "undecided"} <= set(report)
     assert "could not run" in done.stderr
+    # The history's directory it made for the sweep is gone with the sweep that wrote nothing.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["netmon.yaml", "slurm.conf"]
 
 
 def test_a_sweep_that_could_not_run_says_so_in_its_textfile(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from netmon import dirs
 from netmon.config import NetmonConfig
 from netmon.errors import UsageError
 from netmon.exposition.collector import SnapshotPage
@@ -72,23 +73,6 @@ RESTART_FIELDS = (
 )
 FIRST_RUN_DELAY_S = 1.0
 TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)
-
-
-def _missing_dirs(path: Path) -> list[Path]:
-    """`path` and those of its parents that do not exist yet, deepest first."""
-    missing = []
-    while not path.exists() and path != path.parent:
-        missing.append(path)
-        path = path.parent
-    return missing
-
-
-def _remove_empty(directories: list[Path]) -> None:
-    for directory in directories:
-        try:
-            directory.rmdir()  # only an empty one: anything written there stays
-        except OSError:
-            return
 
 
 def _state_path(config: NetmonConfig) -> Path | None:
@@ -231,7 +215,7 @@ class Daemon:
         self.topology = _topology(config)
         _check_specs(config, self.topology)
         # A start that fails (the port taken) leaves no state directory it made behind.
-        made = _missing_dirs(config.state_dir) if config.state_dir is not None else []
+        made = dirs.missing(config.state_dir) if config.state_dir is not None else []
         state_path = _state_path(config)
         keeper = BaselineKeeper.open(state_path, config.baseline, read_identity(self.topology))
         self.results = Results(self.current, keeper, _gpu_model(config))
@@ -279,7 +263,7 @@ class Daemon:
                 on_sweep=self.sweep_inbox.receive if self.sweep_inbox is not None else None,
             )
         except OSError as exc:
-            _remove_empty(made)
+            dirs.remove_empty(made)
             raise UsageError(f"listen: cannot listen on {config.listen}: {exc.strerror}") from None
 
     @property

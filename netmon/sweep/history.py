@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from netmon import dirs
 from netmon.baseline import state
 from netmon.baseline.book import BaselineBook
 from netmon.baseline.policy import BaselinePolicy
@@ -37,7 +38,9 @@ def save(directory: Path, book: BaselineBook) -> None:
 
 @contextmanager
 def exclusive(directory: Path) -> Iterator[None]:
-    """Hold the sweep lock of `directory`; UsageError when another sweep holds it."""
+    """Hold the sweep lock of `directory`; UsageError when another sweep holds it. A directory
+    it made is taken back after a sweep that wrote nothing there (one that could not run)."""
+    made = dirs.missing(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -50,6 +53,8 @@ def exclusive(directory: Path) -> Iterator[None]:
             raise Busy(f"another sweep holds {directory / LOCK_FILE}") from None
         yield
     finally:
+        if made:  # still holding the lock: no other sweep can be starting in it
+            dirs.remove_empty(made, leftovers=(LOCK_FILE,))
         os.close(fd)
 
 
