@@ -35,7 +35,13 @@ from netmon.bandwidth import (
     size_sweep,
 )
 from netmon.baseline import BaselinePolicy
-from netmon.errors import UsageError, describe_validation_error, describe_yaml_error, field_path
+from netmon.errors import (
+    CouldNotRun,
+    UsageError,
+    describe_validation_error,
+    describe_yaml_error,
+    field_path,
+)
 from netmon.gpu.idle import IdlePolicy
 from netmon.group.members import GroupConfig
 from netmon.inspector.settings import InspectorConfig
@@ -340,7 +346,7 @@ def resolve(config: NetmonConfig, gpus: int, mig: Sequence[int] = ()) -> NetmonC
     whole = [i for i in range(gpus) if i not in set(mig)] or list(range(gpus))
     if backend == "nccl" and config.devices is None:
         if not gpus:  # no devices: every run would fail building its spec (ranks 0)
-            raise ConfigError("backend: nccl needs GPUs and none were found; use gloo or devices")
+            raise CouldNotRun("backend: nccl needs GPUs and none were found; use gloo or devices")
         updates["devices"] = tuple(str(i) for i in whole)
     if backend == "gloo" and config.ranks is None:
         updates["ranks"] = 2

@@ -12,6 +12,12 @@ class UsageError(Exception):
     """Bad input from a user: printed as one line, exit status 2, never a traceback."""
 
 
+class CouldNotRun(Exception):
+    """Right input that this machine cannot run (no usable GPU for NCCL, no NVML): printed as
+    one line, exit status 3, never a traceback. A GPU node whose driver failed is not a usage
+    error: a health check that drains on 3 and only logs 2 must drain it."""
+
+
 def field_path(location: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in location:

@@ -90,7 +90,7 @@ def test_probe_and_selftest_refuse_in_one_line_with_their_exit_codes(
     tmp_path: Path, said: dict[str, str], line: str, reason: str
 ) -> None:
     node = _node(tmp_path, **said)
-    for command, code in (("probe", 2), ("selftest", 3)):
+    for command, code in (("probe", 3), ("selftest", 3)):  # could not run here, both
         done = subprocess.run(
             [sys.executable, "-m", "netmon", command, "--simulate", str(node.path), *FLAGS],
             capture_output=True,

@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.cli import sweep_command, table
+from netmon.sweep import report as sweep_report
 from netmon.sweep.delivery import textfile
 from netmon.sweep.locate.plan import PairPlan
 from netmon.sweep.settings import SweepConfig
@@ -66,7 +67,9 @@ def test_no_controller_is_exit_3_with_a_json_error(tmp_path: Path) -> None:
     assert "Unable to contact slurm controller" in done.stderr
     report = json.loads(done.stdout)
     assert report["error"] and report["rounds"] == 0 and report["suspects"] == []
-    assert {"pairs", "results", "skips", "undecided"} <= set(report)
+    # Every key of a full report (docs/SWEEPS.md says so), and the error.
+    assert set(report) == {*sweep_report.KEYS, "error"}
+    assert report["partition"] == "p" and report["delivered"] == {} and report["nodes"] == []
     assert "could not run" in done.stderr
     # The history's directory it made for the sweep is gone with the sweep that wrote nothing.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["netmon.yaml", "slurm.conf"]

@@ -22,6 +22,7 @@ from netmon.baseline.policy import BaselinePolicy
 from netmon.cli import sweep_command
 from netmon.errors import UsageError
 from netmon.sweep import report
+from netmon.sweep import report as sweep_report
 from netmon.sweep.locate import hostlist
 from netmon.sweep.locate.fabric import Fabric, Hop, rail_optimised
 from netmon.sweep.locate.fabric_file import load, parse_fabric_file, parse_topology
@@ -334,6 +335,9 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     settings = SweepConfig(fabric="slurm", cohort_ratio=0.97)  # 6 rounds: the fabric default
     book = BaselineBook(BaselinePolicy())
     outcome = _run(SimulatedScheduler(fabric, [Fault(link, 0.4)], text), settings, book)
+    # The report's keys, those a sweep that could not run prints too (the command adds
+    # `delivered` after the runner).
+    assert {*outcome.whole, "delivered"} == set(sweep_report.KEYS)
     uplinks = [s for s in outcome.whole["suspects"] if s["kind"] == "uplink"]
     assert uplinks == [
         {

@@ -1,7 +1,22 @@
 """The `netmon` command: one module per subcommand; flags, tables and exit codes, nothing else.
 
-Exit codes: 0 success; 1 a health gate failed (busbw under --min-busbw, a suspect pair); 2 a
-usage or configuration error (one line on stderr, no traceback); 3 a probe failed to complete.
+One exit-code table for every command (EXIT_CODES, printed by `netmon --help`).
 """
 
-EXIT_OK, EXIT_GATE, EXIT_USAGE, EXIT_PROBE_FAILED = 0, 1, 2, 3
+EXIT_OK, EXIT_GATE, EXIT_USAGE, EXIT_COULD_NOT_RUN, EXIT_UNDECIDED = 0, 1, 2, 3, 4
+EXIT_PROBE_FAILED = EXIT_COULD_NOT_RUN  # a probe that could not finish could not run
+
+EXIT_CODES = (
+    (EXIT_OK, "ok (healthy; the command did what it was asked)"),
+    (
+        EXIT_GATE,
+        "unhealthy: busbw under --min-busbw, a selftest check failed, a sweep named a suspect",
+    ),
+    (EXIT_USAGE, "a usage or configuration error: one line naming the flag or setting"),
+    (
+        EXIT_COULD_NOT_RUN,
+        "could not run here: no usable GPU for --backend nccl (or NVML for topo), a probe that "
+        "could not finish, a selftest stopped early, a sweep without its scheduler",
+    ),
+    (EXIT_UNDECIDED, "netmon sweep: a failure it could neither name nor clear"),
+)

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -14,6 +15,8 @@ from typing import Any, NoReturn
 import netmon
 from netmon import sim
 from netmon.cli import (
+    EXIT_CODES,
+    EXIT_COULD_NOT_RUN,
     EXIT_OK,
     EXIT_USAGE,
     probe_command,
@@ -23,7 +26,7 @@ from netmon.cli import (
     sweep_command,
     topo_command,
 )
-from netmon.errors import UsageError
+from netmon.errors import CouldNotRun, UsageError
 
 # The top-level help, written for a user (the module docstring is for the code's reader).
 DESCRIPTION = (
@@ -38,9 +41,16 @@ EPILOG = """examples:
   netmon selftest                                  a GPU node's acceptance checks
   netmon serve --config netmon.yaml                the daemon: /metrics on 127.0.0.1:19464
 
-Each command's flags: netmon COMMAND --help. Exit codes: 0 ok; 1 unhealthy (a health gate,
-a selftest check or a sweep's suspect); 2 a usage or configuration error; 3 could not run.
-Documentation: README.md and docs/ in netmon's source tree."""
+exit codes, every command:
+{codes}
+
+Each command's flags: netmon COMMAND --help.
+Documentation: README.md and docs/ in netmon's source tree.""".format(
+    codes="\n".join(
+        textwrap.fill(text, 96, initial_indent=f"  {code}  ", subsequent_indent="     ")
+        for code, text in EXIT_CODES
+    )
+)
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -286,5 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"netmon: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CouldNotRun as exc:
+        print(f"netmon: {exc}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     except KeyboardInterrupt:
         return 130

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from netmon import bandwidth
 from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report, table
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.errors import UsageError, describe_validation_error
+from netmon.errors import CouldNotRun, UsageError, describe_validation_error
 from netmon.probe.build import SpecError, build_spec
 from netmon.probe.forking import Zygote
 from netmon.probe.launcher import run_probe
@@ -400,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
     request = _request(args)
     specs = request.specs()
     if getattr(args, "nccl_missing", None):
-        raise UsageError(f"--backend nccl: no usable GPU: {args.nccl_missing}; or --backend gloo")
+        raise CouldNotRun(f"--backend nccl: no usable GPU: {args.nccl_missing}; or --backend gloo")
     if getattr(args, "announce", None):
         print(args.announce, file=sys.stderr)
     if args.pairs:

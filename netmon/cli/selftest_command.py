@@ -9,18 +9,20 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from netmon.bandwidth import OPS
-from netmon.cli import EXIT_PROBE_FAILED, table
+from netmon.cli import EXIT_COULD_NOT_RUN, table
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.errors import UsageError, describe_validation_error
 from netmon.probe.build import SpecError
 from netmon.selftest import report as rendering
 from netmon.selftest.checks import CHECKS, Row, exit_code
+from netmon.selftest.report import Report
 from netmon.selftest.run import Plan, SelftestError, run_selftest
 from netmon.selftest.versus import BINARY
 
@@ -198,23 +200,50 @@ def _progress(quiet: bool) -> Any:
     return show
 
 
+def _put_out(args: argparse.Namespace, document: dict[str, Any], table: bool) -> bool:
+    """--report FILE, and --json on stdout unless the table path printed it; False when the
+    report could not be written."""
+    if not table and args.json:
+        print(json.dumps(document, indent=2))
+    if args.report is None:
+        return True
+    try:
+        _write(args.report, document)
+    except OSError as exc:
+        print(f"netmon: --report: {args.report}: {exc.strerror}", file=sys.stderr)
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     _check_writable(args.report)
     try:
         plan = plan_of(args)
     except SelftestError as exc:
+        # The report says why too (docs/GPU-ACCEPTANCE.md): a node that cannot run the selftest
+        # is an answer to send back, not nothing.
+        report = Report(
+            backend=args.backend or "nccl",
+            ranks=0,
+            devices=(),
+            sizes=(),
+            rows=(),
+            started_at=time.time(),
+            wall_s=0.0,
+            error=f"cannot run: {exc}",
+        )
+        _put_out(args, rendering.document(report), table=False)
         print(f"netmon: selftest cannot run: {exc}", file=sys.stderr)
-        return EXIT_PROBE_FAILED
+        return EXIT_COULD_NOT_RUN
     report = run_selftest(plan, _progress(args.quiet))
     document = rendering.document(report)
-    print(json.dumps(document, indent=2) if args.json else rendering.table(report, args.wide))
-    if args.report is not None:
-        try:
-            _write(args.report, document)
-        except OSError as exc:
-            print(f"netmon: --report: {args.report}: {exc.strerror}", file=sys.stderr)
-            return EXIT_PROBE_FAILED
+    if args.json:
+        print(json.dumps(document, indent=2))
+    else:
+        print(rendering.table(report, args.wide))
+    if not _put_out(args, document, table=True):
+        return EXIT_COULD_NOT_RUN
     if report.error is not None:
         print(f"netmon: selftest stopped early: {report.error}", file=sys.stderr)
-        return EXIT_PROBE_FAILED
+        return EXIT_COULD_NOT_RUN
     return exit_code(report.rows)

@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, table
+from netmon.cli import EXIT_COULD_NOT_RUN, EXIT_GATE, EXIT_OK, EXIT_UNDECIDED, table
 from netmon.errors import UsageError
 
-EXIT_NO_SWEEP = EXIT_PROBE_FAILED  # 3
-EXIT_UNDECIDED = 4  # a failed pair neither explained nor cleared: not a healthy verdict
+EXIT_NO_SWEEP = EXIT_COULD_NOT_RUN  # 3
 
 
 def add_parser(commands: Any) -> None:
@@ -112,9 +111,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         with exiting_on_signals(), history.exclusive(directory):
             whole = _sweep(args, config, settings, directory, scheduler, partition, secret, auth)
     except CouldNotRun as exc:
-        return _could_not_run(args, sweep_id, str(exc), exc.partial)
+        return _could_not_run(args, sweep_id, partition, str(exc), exc.partial)
     except history.Busy as exc:
-        return _could_not_run(args, sweep_id, str(exc), {})
+        return _could_not_run(args, sweep_id, partition, str(exc), {})
     _print(args, whole)
     code = exit_code(whole)
     _textfile(args, whole, code)
@@ -225,11 +224,14 @@ def _basic_auth(settings: Any) -> tuple[str, str] | None:
 
 
 def _could_not_run(
-    args: argparse.Namespace, sweep_id: str, why: str, partial: dict[str, Any]
+    args: argparse.Namespace, sweep_id: str, partition: str, why: str, partial: dict[str, Any]
 ) -> int:
+    from netmon.sweep import report
+
     print(f"netmon sweep: could not run: {why}", file=sys.stderr)
-    empty: dict[str, Any] = {"sweep": sweep_id, "rounds": 0, "pairs": [], "results": []}
-    empty |= {"skips": [], "suspects": [], "undecided": [], **partial, "error": why}
+    now = time.time()
+    started = int(sweep_id.split("-", 1)[0]) / 1000  # the id starts with its start in ms
+    empty = report.empty(sweep_id, partition, started, now) | partial | {"error": why}
     if args.json:
         print(json.dumps(empty, indent=2))
     _textfile(args, empty, EXIT_NO_SWEEP)

@@ -10,7 +10,7 @@ from typing import Any
 
 from netmon.cli import EXIT_OK
 from netmon.cli.table import WIDTH, add_wide_flag
-from netmon.errors import UsageError
+from netmon.errors import CouldNotRun, UsageError
 
 
 def add_parser(commands: Any) -> None:
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             topo = read_topology()
         except IdleSourceError as exc:
-            raise UsageError(f"{exc} (use --from-file FILE on a machine without GPUs)") from None
+            raise CouldNotRun(f"{exc} (use --from-file FILE on a machine without GPUs)") from None
     rounds = plan_rounds(topo)
     if args.json:
         print(json.dumps(to_json(topo, rounds), indent=2))

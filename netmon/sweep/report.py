@@ -128,6 +128,34 @@ def node_reports(sweep: str, loc: Localiser, finished_at: float) -> list[NodeRep
     ]
 
 
+def empty(sweep: str, partition: str, started_at: float, finished_at: float) -> dict[str, Any]:
+    """The report of a sweep that measured nothing: every key of a full one (KEYS), empty. A
+    sweep that could not run adds its `error` (docs/SWEEPS.md, "The JSON report")."""
+    return {
+        "sweep": sweep,
+        "partition": partition,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "wall_seconds": round(finished_at - started_at, 3),
+        "rounds": 0,
+        "nodes": [],
+        "waiting": [],
+        "pairs": [],
+        "results": [],
+        "skips": [],
+        "suspects": [],
+        "undecided": [],
+        "undecided_uplinks": [],
+        "routing_mismatch": None,
+        "delivered": {},
+        "notes": [],
+    }
+
+
+# Every key of the JSON report, full or empty (the runner adds notes, the command delivered).
+KEYS = tuple(empty("", "", 0.0, 0.0))
+
+
 def whole(
     sweep: str, partition: str, loc: Localiser, started_at: float, finished_at: float
 ) -> dict[str, Any]:
