@@ -27,4 +27,5 @@ def test_a_short_run_prints_every_figure() -> None:
         assert 0 < read["cpu_s_per_read"]["median"] <= read["cpu_s_per_read"]["max"]
     assert doc["read"]["ratio_prom_over_json"] > 0
     assert doc["daemon"]["with_inspector"]["dumps"] >= 2
-    assert len(doc["memory"]["traced_bytes_each_hour"]) == 1
+    (hour,) = doc["memory"]["kept_bytes_each_hour"]
+    assert set(hour) == {"inspector", "book", "other"} and hour["inspector"] > 0

@@ -33,6 +33,10 @@ class Shape:
     ranks: int
     path: str
 
+    def key(self, probe: str) -> tuple[str, str, int, str, int]:
+        """Its series' key (probe, op, size_bytes, path, ranks), as the baseline book keeps it."""
+        return (probe, self.op, self.size_bytes, self.path, self.ranks)
+
 
 def shape_of(collective: Collective) -> Shape:
     bucket = 1 << (collective.size_bytes.bit_length() - 1)

@@ -19,7 +19,7 @@ from netmon import baseline
 from netmon.exposition.snapshot import JobsView, SeriesKey, SeriesPoint, verdict_fields
 from netmon.inspector.files import Reading
 from netmon.inspector.settings import InspectorConfig
-from netmon.inspector.shapes import Round, Window
+from netmon.inspector.shapes import Round, Shape, Window
 
 PROBE = "jobs"
 KEEP_PER_SHAPE = 4
@@ -40,6 +40,7 @@ class JobsRecord:
         self._read_at: float | None = None
         self._ratios: dict[tuple[str, int, int], float] = {}
         self._judged_at: dict[SeriesKey, float] = {}  # node shapes in the book, last judged
+        self._keys: dict[Shape, SeriesKey] = {}  # the exported shapes' series keys
 
     def took(
         self, round_: Round, reading: Reading, now: float, probes: Mapping[SeriesKey, SeriesPoint]
@@ -53,7 +54,9 @@ class JobsRecord:
         self._covered = round_.covered if round_.covered is not None else self._covered
         self._read_at = now
         for shape in round_.expired:
-            self.points.pop((PROBE, shape.op, shape.size_bytes, shape.path, shape.ranks), None)
+            key = self._keys.pop(shape, None)
+            if key is not None:
+                self.points.pop(key, None)
         verdicts = [found for w in round_.windows if (found := self._export(w, now)) is not None]
         self._ratios = _yardsticks(self.points, probes)
         self._keep_bounded()
@@ -61,7 +64,11 @@ class JobsRecord:
 
     def _export(self, window: Window, now: float) -> tuple[SeriesKey, baseline.Verdict] | None:
         shape = window.shape
-        key = (PROBE, shape.op, shape.size_bytes, shape.path, shape.ranks)
+        # One key object per shape, made once: a new tuple each window, let go at once, piles
+        # up in the interpreter's tuple free list (tracemalloc saw 30 a hour for days).
+        key = self._keys.get(shape)
+        if key is None:
+            key = self._keys[shape] = shape.key(PROBE)
         verdict = None
         judged: dict[str, object] = {"judged": False}
         if shape.path == "node" and window.collectives >= self.settings.min_collectives:
