@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from netmon import envvars
 from netmon.bandwidth import (
     DTypeName,
     OpName,
@@ -36,8 +37,8 @@ from netmon.bandwidth import (
 )
 from netmon.baseline import BaselinePolicy
 from netmon.errors import (
+    ConfigError,
     CouldNotRun,
-    UsageError,
     describe_validation_error,
     describe_yaml_error,
     field_path,
@@ -49,13 +50,8 @@ from netmon.probe.paths import check_names, check_op
 from netmon.probe.spec import Backend, Timing
 from netmon.sweep.settings import SweepConfig
 
-ENV_PREFIX = "NETMON_"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _LISTEN = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.:-]*?):(?P<port>\d{1,5})$")
-
-
-class ConfigError(UsageError):
-    """A configuration that cannot be used; the message is one line naming the field."""
 
 
 class _Strict(BaseModel):
@@ -361,51 +357,6 @@ def resolve(config: NetmonConfig, gpus: int, mig: Sequence[int] = ()) -> NetmonC
     return config.model_copy(update=updates)
 
 
-def _env_overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any]]:
-    overrides = []
-    for key, raw in sorted(environ.items()):
-        if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX:
-            continue
-        path = [part.lower() for part in key[len(ENV_PREFIX) :].split("__")]
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except Exception:  # not YAML (PyYAML also raises ValueError, KeyError...): the string
-            value = raw
-        overrides.append((path, value))
-    return overrides
-
-
-def _apply(document: dict[str, Any], path: list[str], value: Any, source: str) -> None:
-    node: Any = document
-    for depth, part in enumerate(path):
-        last = depth == len(path) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"{source}: no list item {part} at {'.'.join(path[:depth])}")
-            index = int(part)
-            if last:
-                node[index] = value
-            else:
-                node = node[index]
-            continue
-        if not isinstance(node, dict):
-            raise ConfigError(f"{source}: {'.'.join(path[:depth])} is not a mapping")
-        if last:
-            node[part] = value
-            continue
-        following = path[depth + 1]
-        if following.isdigit() and part not in node:
-            # An index into a list the file never set: the embedded default (probes) depends on
-            # the GPUs found, so there is nothing to index yet.
-            whole = ENV_PREFIX + "__".join(p.upper() for p in path[: depth + 1])
-            raise ConfigError(
-                f"{source}: {'.'.join(path[: depth + 1])} is not set in the configuration file, "
-                f"so item {following} cannot be overridden; write the list in the file, or "
-                f"give the whole list as YAML in {whole}"
-            )
-        node = node.setdefault(part, {})
-
-
 # Only settings users set from the environment; anything else NETMON_* is left alone (e.g.
 # NETMON_CONFIG, read by the CLI).
 _ENV_ROOTS = {name for name in NetmonConfig.model_fields} | {"group"}
@@ -484,11 +435,13 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
     """The file (or the defaults), with NETMON_ overrides applied, validated."""
     document = load_document(path)
     source = str(path) if path else "defaults"
-    for keys, value in _env_overrides(os.environ if environ is None else environ):
+    for keys, value in envvars.overrides(os.environ if environ is None else environ):
+        env_name = envvars.name_of(keys)
         if keys[0] in _ENV_ROOTS:
-            env_name = ENV_PREFIX + "__".join(k.upper() for k in keys)
-            _apply(document, keys, value, env_name)
+            envvars.apply(document, keys, value, env_name)
             source = f"{source} + environment"
+        else:
+            envvars.warn_if_misspelt(env_name, keys[0], _ENV_ROOTS)
     return parse_config(document, source)
 
 

@@ -12,6 +12,10 @@ class UsageError(Exception):
     """Bad input from a user: printed as one line, exit status 2, never a traceback."""
 
 
+class ConfigError(UsageError):
+    """A configuration that cannot be used; the message is one line naming the field."""
+
+
 class CouldNotRun(Exception):
     """Right input that this machine cannot run (no usable GPU for NCCL, no NVML): printed as
     one line, exit status 3, never a traceback. A GPU node whose driver failed is not a usage

@@ -3,6 +3,7 @@ one-line errors naming the field, through `netmon check-config`/`serve` and thro
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,6 @@ from hypothesis import strategies as st
 
 from netmon.baseline import BaselinePolicy
 from netmon.config import (
-    ConfigError,
     LoggingConfig,
     NetmonConfig,
     ProbeConfig,
@@ -25,6 +25,7 @@ from netmon.config import (
     parse_config,
     resolve,
 )
+from netmon.errors import ConfigError, CouldNotRun
 from netmon.gpu.idle import IdlePolicy
 
 # Verbatim from the docs: this file must keep being accepted exactly as written.
@@ -235,7 +236,8 @@ def test_the_cpu_default_judges_its_large_probe_only() -> None:
 
 
 def test_nccl_without_gpus_is_refused_unless_devices_are_given() -> None:
-    with pytest.raises(ConfigError, match="backend: nccl needs GPUs"):
+    # Could not run here (exit 3), not a bad file: the same file is right on a GPU node.
+    with pytest.raises(CouldNotRun, match="backend: nccl needs GPUs"):
         resolve(load_config(None, environ={"NETMON_BACKEND": "nccl"}), gpus=0)
     given = load_config(None, environ={"NETMON_BACKEND": "nccl", "NETMON_DEVICES": "0,1"})
     assert resolve(given, gpus=0).devices == ("0", "1")
@@ -544,3 +546,16 @@ def test_gpus_idle_is_for_local_collectives_and_telemetry_takes_durations() -> N
     assert telemetry.link_telemetry.interval == 120.0
     with pytest.raises(ConfigError, match=r"link_telemetry\.nvlink_detail"):
         parse_config({"link_telemetry": {"nvlink_detail": "lane"}})
+
+
+def test_a_netmon_variable_like_a_misspelt_setting_is_warned_about_not_ignored_silently(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="netmon.config")
+    config = load_config(
+        None, {"NETMON_LISTN": "127.0.0.1:1", "NETMON_CONFIG": "x.yaml", "NETMON_SWEEP_RANK": "3"}
+    )
+    assert config.listen == "127.0.0.1:19464"  # ignored, as before
+    warned = [r.getMessage() for r in caplog.records]
+    # NETMON_CONFIG and the sweep ranks' variables are other programs' own: no word about them.
+    assert warned == ["NETMON_LISTN is not a setting and is ignored; did you mean NETMON_LISTEN?"]

@@ -13,7 +13,8 @@ import pytest
 from pydantic import ValidationError
 
 from netmon import baseline
-from netmon.config import ConfigError, NetmonConfig, parse_config, resolve
+from netmon.config import NetmonConfig, parse_config, resolve
+from netmon.errors import ConfigError
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.nvml import NvmlUnavailable
 from netmon.group.auth import Sealer

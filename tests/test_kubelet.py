@@ -29,7 +29,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from netmon.config import ConfigError, load_config
+from netmon.config import load_config
+from netmon.errors import ConfigError
 from netmon.gpu import idle
 from netmon.gpu import kubelet as kubelet_module
 from netmon.gpu.idle import GpuReading, IdlePolicy, KubeletPods, ReplaySource

@@ -24,7 +24,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from netmon import dirs
 from netmon.config import NetmonConfig
-from netmon.errors import UsageError
+from netmon.errors import CouldNotRun, UsageError
 from netmon.exposition.collector import SnapshotPage
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
@@ -340,7 +340,7 @@ class Daemon:
             if changed:
                 raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
             _check_specs(new, self.topology)
-        except UsageError as exc:
+        except (UsageError, CouldNotRun) as exc:  # a reload never stops the daemon
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
             return False
