@@ -85,7 +85,8 @@ def table(outcome: ProbeOutcome, wide: bool = False) -> str:
     lines = [f"# {what}, {how}"] if wide else [f"# {what}", f"# {how}"]
     if env is not None:
         lines += comment(
-            f"host {env.host}, torch {env.torch or '?'}, nccl {env.nccl or '-'}, "
+            # No torch: no rank reported one (it failed before, e.g. at spawn).
+            f"host {env.host}, torch {env.torch or 'not reported'}, nccl {env.nccl or '-'}, "
             # ", " lets a list of GPU UUIDs wrap between two of them.
             f"devices {(',' if wide else ', ').join(env.devices) or 'cpu'}",
             wide,

@@ -437,11 +437,10 @@ class Launcher:
             "D": "; the process is in uninterruptible sleep (driver?)",
         }
         silent = now - entry.last_heard
-        heard = f"; silent for {silent:.1f} s" if silent > 2.0 else ""
-        return (
-            f"no progress in phase {entry.phase}{where} after {waited:.1f} s"
-            f"{notes.get(state or '', '')}{heard}"
-        )
+        told = notes.get(state or "", "") + (f"; silent for {silent:.1f} s" if silent > 2.0 else "")
+        if now - self._start >= self.spec.timeout:  # the probe's own timeout, not the phase's
+            return f"--timeout {self.spec.timeout:g} s ran out in phase {entry.phase}{where}{told}"
+        return f"no progress in phase {entry.phase}{where} after {waited:.1f} s{told}"
 
     # ---- teardown ----
 
