@@ -429,7 +429,7 @@ class Launcher:
 
     def _timeout_detail(self, entry: RankProcess, now: float) -> str:
         waited = now - entry.phase_since
-        where = f" at {bandwidth.format_size(entry.size)}B" if entry.size else ""
+        where = f" at {bandwidth.format_size(entry.size)}" if entry.size else ""
         state = process_state(entry.proc.pid)
         notes = {
             "T": "; the process is stopped (SIGSTOP?)",
