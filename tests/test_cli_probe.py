@@ -341,6 +341,11 @@ def test_path_variants_in_one_call_and_a_plot(tmp_path: Path) -> None:
     pcie = next(p for p in doc["probes"] if p["spec"]["path"] == "pcie")
     assert dict(pcie["spec"]["env"])["NCCL_P2P_DISABLE"] == "1"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # As a table, the pcie variant says what it is on gloo: the default path again.
+    shown = run("probe", "--backend", "gloo", "--sizes", "1K", "-n", "2", "-w", "1", "--paths",
+                "default,pcie", "-q")  # fmt: skip
+    default, pcie_table = shown.stdout.split("\n\n")
+    assert "gloo ignores" not in default and "path pcie on gloo" in pcie_table
     bad = run("probe", "--backend", "gloo", "--paths", "default,warp", timeout=30)
     assert bad.returncode == 2 and "--paths" in bad.stderr
 

@@ -40,6 +40,8 @@ def busbw_against_size(outcomes: Sequence[ProbeOutcome], target: Path) -> None:
             continue
         spec = outcome.spec
         label = f"{spec.op} {spec.path}" + (f" x{spec.chunks} chunks" if spec.chunks > 1 else "")
+        if spec.backend == "gloo" and spec.path != "default":
+            label += " (gloo: the default path again)"
         sizes = [r.size_bytes for r in outcome.results]
         axes.plot(
             sizes,

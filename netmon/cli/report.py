@@ -67,6 +67,13 @@ def _result_row(result: SizeResult, wide: bool) -> str:
     )
 
 
+# A path variant is NCCL's environment (NCCL_P2P_DISABLE=1, NCCL_ALGO=...): gloo runs the same
+# path under every name, so its numbers compare nothing (the selftest skips them).
+GLOO_PATH_NOTE = (
+    "a path variant sets NCCL's environment, which gloo ignores: the default path again"
+)
+
+
 def table(outcome: ProbeOutcome, wide: bool = False) -> str:
     """nccl-tests' layout: comment lines, then one right-aligned row per size. Fits table.WIDTH
     columns unless `wide` (every column, every comment on one line)."""
@@ -91,6 +98,8 @@ def table(outcome: ProbeOutcome, wide: bool = False) -> str:
             f"devices {(',' if wide else ', ').join(env.devices) or 'cpu'}",
             wide,
         )
+    if spec.backend == "gloo" and spec.path != "default":
+        lines += comment(f"path {spec.path} on gloo: {GLOO_PATH_NOTE}", wide)
     node = sim.active()
     if node is not None:
         lines += comment(
