@@ -382,3 +382,35 @@ def test_plot_without_matplotlib_fails_before_measuring_with_a_hint_that_works()
     (line,) = done.stderr.strip().splitlines()
     assert "--plot: needs matplotlib" in line and "pip install matplotlib" in line
     assert "netmon-gpu[plot]" not in line  # not on PyPI: the hint must work as written
+
+
+def test_on_an_80_column_terminal_the_table_fits_it(tmp_path: Path) -> None:
+    import os
+    import pty
+
+    leader, follower = pty.openpty()  # stdout is a terminal, as a person's shell gives
+    env = {**os.environ, "COLUMNS": "80"}
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "probe", "--backend", "gloo", "--sizes", "8,1M", "-q"],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        env=env,
+        timeout=120,
+    )
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and drained
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert done.returncode == 0, done.stderr
+    lines = output.decode().replace("\r\n", "\n").splitlines()
+    assert any(line.strip().startswith("1048576") for line in lines), lines
+    assert max(len(line) for line in lines) <= 80, lines
+    heading = next(line for line in lines if "busbw" in line and "size" in line)
+    assert "p10" in heading and "count" not in heading  # the spread kept, nccl-tests' count not

@@ -7,7 +7,7 @@ from typing import Any
 
 from netmon import sim
 from netmon.bandwidth import DTYPE_SHORT
-from netmon.cli.table import comment
+from netmon.cli.table import comment, width
 from netmon.probe.pairs import PairOutcome
 from netmon.probe.spec import ProbeOutcome, SizeResult
 from netmon.probe.verdict import LinkVerdict
@@ -36,11 +36,29 @@ _COLUMNS = (
 )
 
 
+# Left out, in this order, while the default table is wider than the terminal: what a narrow
+# terminal does without first (nccl-tests' own count and type, the chunking, then the spread).
+_NARROW_DROP = ("count", "type", "chunks", "p90", "p10")
+
+
+def _shown(wide: bool) -> set[str]:
+    shown = [name for name, _, _, extra in _COLUMNS if wide or not extra]
+    if wide:
+        return set(shown)
+    limit = width()
+    for name in _NARROW_DROP:
+        if sum(w + 1 for n, _, w, _ in _COLUMNS if n in shown) <= limit:
+            break
+        shown.remove(name)
+    return set(shown)
+
+
 def _row(values: Sequence[str], wide: bool) -> str:
+    shown = _shown(wide)
     return " ".join(
-        f"{value:>{width}}"
-        for value, (_, _, width, extra) in zip(values, _COLUMNS, strict=True)
-        if wide or not extra
+        f"{value:>{w}}"
+        for value, (name, _, w, _) in zip(values, _COLUMNS, strict=True)
+        if name in shown
     )
 
 

@@ -4,16 +4,31 @@ line, for a wide terminal or a file."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 import textwrap
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-# What the tables fit by default: wider than the classic 80, as nccl-tests' own table (about
-# 110 columns) would not fit otherwise; narrower than a laptop's full-screen terminal.
+# What the tables fit when not printed to a terminal (a file, a pipe, a log): wider than the
+# classic 80, as nccl-tests' own table (about 110 columns) would not fit otherwise. On a terminal
+# they fit its width (width()), down to NARROWEST.
 WIDTH = 120
+NARROWEST = 60
 # The fewest columns the last (free-text) column keeps, however wide the others are.
 _LAST_MIN = 24
-WIDE_HELP = f"every column, each cell on one line (default: fit {WIDTH} columns)"
+WIDE_HELP = (
+    f"every column, each cell on one line (default: fit the terminal, or {WIDTH} columns when "
+    "the output is not a terminal)"
+)
+
+
+def width() -> int:
+    """The columns a table fits: the terminal's when stdout is one (COLUMNS, else its size),
+    else WIDTH."""
+    if not sys.stdout.isatty():
+        return WIDTH
+    return max(NARROWEST, shutil.get_terminal_size((WIDTH, 24)).columns)
 
 
 def add_wide_flag(parser: Any) -> None:
@@ -27,11 +42,11 @@ def wrap(text: str, width: int) -> list[str]:
 
 def comment(text: str, wide: bool, prefix: str = "# ") -> list[str]:
     """A prose line of a table, wrapped to WIDTH unless `wide`; continuations indented."""
-    if wide or len(prefix) + len(text) <= WIDTH:
+    if wide or len(prefix) + len(text) <= width():
         return [prefix + text]
     return textwrap.wrap(
         text,
-        WIDTH,
+        width(),
         initial_indent=prefix,
         subsequent_indent=prefix + "  ",
         break_on_hyphens=False,
@@ -57,7 +72,7 @@ def aligned(
         for i, cap in (caps or {}).items():
             widths[i] = min(widths[i], cap)
         used = len(indent) + sum(widths[:-1]) + 2 * (count - 1)
-        widths[-1] = min(widths[-1], max(WIDTH - used, _LAST_MIN))
+        widths[-1] = min(widths[-1], max(width() - used, _LAST_MIN))
     lines = []
     for row in rows:
         cells = [[cell] if wide else wrap(cell, w) for cell, w in zip(row, widths, strict=True)]

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from netmon.cli import EXIT_OK
-from netmon.cli.table import WIDTH, add_wide_flag
+from netmon.cli.table import add_wide_flag, width
 from netmon.errors import CouldNotRun, UsageError
 
 
@@ -56,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(topo, rounds), indent=2))
     else:
-        print(render_text(topo, rounds, width=None if args.wide else WIDTH))
+        print(render_text(topo, rounds, width=None if args.wide else width()))
     return EXIT_OK
