@@ -32,8 +32,8 @@ class InspectorConfig(BaseModel):
     max_files: int = Field(256, ge=1, le=65536)
     # Shapes (collective, size bucket, ranks, node or nodes) exported and judged; a shape past
     # the cap is counted (netmon_jobs_shape_overflow_total), never exported. A judged shape is
-    # some 22 series (busbw, baseline, reference, verdict and its reasons), an unjudged one 6:
-    # six shapes and the reading's own counts stay under 200 (docs/INSPECTOR.md).
+    # some 24 series (busbw, baseline, reference, verdict and its reasons), an unjudged one 8:
+    # six shapes and the reading's own counts stay under 200 (docs/METRICS.md, "Jobs families").
     max_shapes: int = Field(6, ge=1, le=64)
     # An exported shape that saw no collective for this long leaves /metrics, making room (a
     # job's start-up collectives, say, for the shapes it trains with).
