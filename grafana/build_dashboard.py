@@ -1330,7 +1330,7 @@ def jobs_panels(layout: Layout) -> None:
             "Share of the last 6 hours each node's jobs ran their collectives across nodes under "
             "0.8 of the fleet's median for the same shape (nodes of its GPU model, at least 4). A "
             "slow node is low in every job it runs; its partners only while they share one.",
-            f"sort_desc(instance:netmon_jobs_busbw_below_fleet:ratio6h{{{NODE}}})",
+            f"sort_desc(instance:netmon_busbw_bytes_per_second:jobs_below_fleet_ratio6h{{{NODE}}})",
             "slow share (6 h)",
             colored_cells(SLOW_SHARE_STEPS, "percentunit"),
         ),

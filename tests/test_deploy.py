@@ -57,8 +57,8 @@ DROPS_INSTANCE = {
     "fleet:netmon_busbw_level_bytes_per_second:median": _FLEET,
     "fleet:netmon_busbw_level_bytes_per_second:count": _FLEET,
     "NetmonBelowFleet": "each node's series over its fleet's median, joined on the fleet's labels",
-    "instance_series:netmon_jobs_busbw:fleet_ratio": "each node's jobs' shape over the fleet's "
-    "median of it (NCCL Inspector), joined on the fleet's labels",
+    "instance_series:netmon_busbw_bytes_per_second:jobs_fleet_ratio": "each node's jobs' shape "
+    "over the fleet's median of it (NCCL Inspector), joined on the fleet's labels",
 }
 
 
