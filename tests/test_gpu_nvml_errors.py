@@ -49,7 +49,7 @@ def _told(stderr: str) -> list[str]:
 
 def test_nvml_that_cannot_start_refuses_probe_and_selftest_in_one_line(tmp_path: Path) -> None:
     node = _node(tmp_path, lambda d: d.update(nvml_errors={"nvmlInit": "driver_not_loaded"}))
-    for command, code in (("probe", 2), ("selftest", 3)):
+    for command, code in (("probe", 3), ("selftest", 3)):  # could not run here, both
         done = _netmon(node, command, *(FLAGS if command == "probe" else FLAGS[:-2]))
         assert done.returncode == code, (command, done.stderr)
         told = _told(done.stderr)
