@@ -165,12 +165,7 @@ def whole(
         for report in node_reports(sweep, loc, finished_at)
         for r in report.results
     ]
-    return {
-        "sweep": sweep,
-        "partition": partition,
-        "started_at": started_at,
-        "finished_at": finished_at,
-        "wall_seconds": round(finished_at - started_at, 3),
+    return empty(sweep, partition, started_at, finished_at) | {
         "rounds": loc.rounds,
         "nodes": sorted(n.name for n in loc.nodes),
         "waiting": list(loc.waiting),
