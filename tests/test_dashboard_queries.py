@@ -353,8 +353,9 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
 
 
 class JobDumps:
-    """A job writing Inspector dumps every second (until stop()), and a symlink the daemon
-    refuses (netmon_jobs_rejected_total)."""
+    """A job writing Inspector dumps every second (until stop()), each with a line the daemon
+    refuses (netmon_jobs_rejected_total, counted at every read of a changed file), and a
+    symlink (counted once while it stays)."""
 
     COMMS = (
         Comm(0x51, "AllReduce", 64 << 10, 2, 1, (0, 1)),
@@ -374,6 +375,7 @@ class JobDumps:
         while not self.stopping.wait(1.0):
             n += 1
             prom_dump(self.root / "1", self.COMMS, lambda _c, _g: 2.0, time.time(), n)
+            (self.root / "1" / "bad.prom").write_bytes(b"not_utf8 \xff %d\n" % n)
 
     def stop(self) -> None:
         self.stopping.set()
