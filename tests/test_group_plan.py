@@ -28,7 +28,7 @@ from netmon.group.members import (
     node_transport,
     round_transport,
 )
-from netmon.probe import crossnode, nccl_debug
+from netmon.probe import crossnode, nccl_debug, transport_faults
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
 from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
@@ -360,7 +360,7 @@ def test_a_round_on_sockets_from_an_rdma_node_fails_unless_the_group_allows_it(
     spec = rounds._group_spec(probe, config, lay_out([A, B], {A: 1, B: 1}), ["0", "0"])
     assert (spec.intent, spec.path) == (intent, "group")
     report = nccl_debug.parse(SOCKETS_LOG)
-    ran = round_outcome(tuple(nccl_debug.judge(report, spec.intent)), ("net_socket",))
+    ran = round_outcome(tuple(transport_faults.judge(report, spec.intent)), ("net_socket",))
     checked = transport_checked(ran.model_copy(update={"spec": spec}))
     assert (checked.failure is not None) is flagged
     if flagged:

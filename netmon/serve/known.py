@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from netmon import baseline
 from netmon.config import NetmonConfig
-from netmon.probe import crossnode, nccl_debug
+from netmon.probe import crossnode, transport_faults
 
 
 def judging_probes(config: NetmonConfig) -> list[str]:
@@ -36,7 +36,7 @@ def known_transport_faults(config: NetmonConfig) -> Iterator[tuple[str, str, str
     and for a group's rounds and node pairs the network reasons of the group's `transport`."""
     if config.backend != "nccl":
         return
-    local = [r for r in nccl_debug.REASONS if r not in crossnode.NET_REASONS]
+    local = [r for r in transport_faults.REASONS if r not in crossnode.NET_REASONS]
     transport = config.group.transport if config.group is not None else "any"
     across = crossnode.network_reasons(crossnode.INTENT_OF_TRANSPORT[transport])
     for probe in config.probes or ():
