@@ -281,7 +281,8 @@ def rdma_root(tmp_path: Path, *devices: str) -> Path:
 
 
 class FabricReads:
-    """netmon.gpu.nvml.read_fabric as a node answers it (readings, or NVML's error), counted."""
+    """netmon.gpu.nvml_links.read_fabric as a node answers it (readings, or NVML's error),
+    counted."""
 
     def __init__(self, answer: Sequence[FabricReading] | Exception) -> None:
         self.answer, self.calls = answer, 0
@@ -402,7 +403,7 @@ def test_an_nvl72_node_without_its_imex_channel_asks_for_the_network(
     """NVML's fabric reading on a simulated node whose GPUs share a multi-node NVLink domain (a
     cluster UUID), through the real reader: without an IMEX channel a round must not leave NCCL
     to try MNNVL, which fails the communicator at init."""
-    from netmon.gpu.nvml import read_fabric
+    from netmon.gpu.nvml_links import read_fabric
     from netmon.group.members import node_mnnvl_env
     from tests.gpu_node import dgx_h100
 

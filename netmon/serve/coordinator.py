@@ -27,7 +27,7 @@ from typing import Any
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.exposition.snapshot import GroupView
 from netmon.gpu.fabric import FabricReading
-from netmon.gpu.nvml import read_fabric
+from netmon.gpu.nvml_links import read_fabric
 from netmon.group import members
 from netmon.group.auth import Sealer
 from netmon.group.link import GroupError, GroupLink, SealedLink
