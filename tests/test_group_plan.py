@@ -356,7 +356,7 @@ def test_a_round_on_sockets_from_an_rdma_node_fails_unless_the_group_allows_it(
     tmp_path: Path, transport: str | None, intent: str, flagged: bool
 ) -> None:
     config = node_config(tmp_path, transport)
-    rounds = coordinator(config, FabricReads(HGX), rdma_root(tmp_path, "mlx5_0"))
+    rounds = coordinator(config, FabricReads(HGX), rdma_root(tmp_path, "mlx5_0")).rounds
     (probe,) = [p for p in config.probes or () if p.name == "cross"]
     spec = rounds._group_spec(probe, config, lay_out([A, B], {A: 1, B: 1}), ["0", "0"])
     assert (spec.intent, spec.path) == (intent, "group")
