@@ -1,6 +1,7 @@
 """What a configuration makes known before any probe ran: the probes whose results are judged,
-the counters pre-set to 0 for them so that increase() sees the first event, and the rank count
-of series kept from before probes could run on the idle set. Pure: configuration in, values out.
+the counters pre-set to 0 for them so that increase() sees the first event, the rank count
+of series kept from before probes could run on the idle set, and how often the PCIe links are
+read under load. Pure: configuration in, values out.
 """
 
 from __future__ import annotations
@@ -55,3 +56,14 @@ def all_ranks(config: NetmonConfig, name: str) -> int | None:
     if config.backend == "nccl":
         return len(probe.devices or config.devices or ()) or None
     return probe.ranks or config.ranks or 2
+
+
+def load_interval(config: NetmonConfig) -> float:
+    """How often the PCIe links are read under load: the shortest interval of the local
+    collectives that run the pcie path (netmon.serve.runner reads during their traffic); 0: none."""
+    found = [
+        p.interval
+        for p in config.probes or ()
+        if p.scope == "local" and p.kind == "collective" and "pcie" in p.paths
+    ]
+    return min(found, default=0.0) if config.backend == "nccl" else 0.0
