@@ -7,6 +7,8 @@ channel of its own (not stdout), the rendezvous port on stdin. Any deadline pass
 zygote lost or abort request ends the whole group: SIGTERM (and SIGCONT, so a stopped rank can
 act on it), a short grace, SIGKILL, then every rank is reaped. Exits are seen without reaping
 (waitid(WNOWAIT), here or in the zygote): no rank's PID can be reused before its group is killed.
+When a deadline has passed and whom it blames is netmon.probe.deadlines; which trouble is the
+probe's failure, netmon.probe.blame; what the ranks reported, netmon.probe.rank_reports.
 """
 
 from __future__ import annotations
@@ -16,40 +18,27 @@ import json
 import os
 import selectors
 import signal
-import socket
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import netmon
-from netmon import bandwidth
-from netmon.probe import cpushare, graphs, transport_faults
+from netmon.probe import transport_faults
+from netmon.probe.blame import Blame
+from netmon.probe.deadlines import deadline_passed
 from netmon.probe.debugenv import debug_env
 from netmon.probe.forking import ForkedRank, Zygote
 from netmon.probe.processes import (
     RankProcess,
     SpawnedRank,
-    describe_status,
     is_loopback,
-    process_state,
     signal_group,
     slowest_span,
-    stderr_tail,
 )
-from netmon.probe.spec import (
-    PHASES,
-    FailureCause,
-    Phase,
-    ProbeEnvironment,
-    ProbeFailure,
-    ProbeOutcome,
-    ProbeSpec,
-    SizeResult,
-)
+from netmon.probe.rank_reports import RankReports
+from netmon.probe.spec import PHASES, ProbeFailure, ProbeOutcome, ProbeSpec
 from netmon.probe.starting import RankStarter, base_env, orphan_gone
 from netmon.probe.workdirs import probe_workdir
 
@@ -57,19 +46,7 @@ AbortCheck = Callable[[], "str | None"]
 EventHook = Callable[[str, dict[str, Any]], None]
 
 TERM_GRACE_S = 2.0
-# After a first sign of failure, wait this long for the others: a rank killed by a signal makes its
-# peers raise "connection closed" a moment later, and the signal is the real cause.
-BLAME_WINDOW_S = 0.3
 POLL_S = 0.05
-
-
-@dataclass(order=True)
-class _Candidate:
-    """A possible cause of failure; the highest priority, then the earliest, is blamed."""
-
-    priority: int
-    seen: float
-    failure: ProbeFailure = field(compare=False)
 
 
 class Launcher:
@@ -102,12 +79,8 @@ class Launcher:
         self.port_source = port_source
         self._port_sent = 0 in self.local_ranks
         self._ranks: list[RankProcess] = []
-        self._results: list[SizeResult] = []
-        self._env_report: dict[str, Any] = {}
-        self._peaks: dict[str, int] = {}  # "mem" (device) and "rss" (host): the max over ranks
-        self._gpus: dict[int, str] = {}  # rank -> the GPU its CUDA opened
-        self._collective_s = 0.0
-        self._candidates: list[_Candidate] = []
+        self._reports = RankReports(spec)
+        self._blame = Blame()
         self._start = 0.0
         self._workdir = Path(tempfile.gettempdir())
         self.pids: list[int] = []
@@ -133,14 +106,14 @@ class Launcher:
                 transports, faults = self._transports(workdir)
         return ProbeOutcome(
             spec=self.spec,
-            results=tuple(self._results),
-            environment=self._environment(),
+            results=tuple(self._reports.results),
+            environment=self._reports.environment(),
             failure=failure,
             started_at=started_at,
             wall_s=time.monotonic() - self._start,
-            collective_s=self._collective_s,
-            peak_device_memory_bytes=self._peaks.get("mem"),
-            peak_host_memory_bytes=self._peaks.get("rss"),
+            collective_s=self._reports.collective_s,
+            peak_device_memory_bytes=self._reports.peaks.get("mem"),
+            peak_host_memory_bytes=self._reports.peaks.get("rss"),
             transports=transports,
             transport_faults=faults,
             startup_s=slowest_span(self._ranks, None, "rendezvous"),
@@ -214,7 +187,6 @@ class Launcher:
         for entry in self._ranks:
             assert entry.proc.channel is not None
             selector.register(entry.proc.channel, selectors.EVENT_READ, entry)
-        first_trouble: float | None = None
         try:
             while True:
                 for key, _ in selector.select(timeout=POLL_S):
@@ -224,13 +196,15 @@ class Launcher:
                 if all(entry.done and entry.exit_status == 0 for entry in self._ranks):
                     return None
                 self._notice_zygote_lost(now)
-                if self._candidates:
-                    first_trouble = first_trouble or now
-                    if now - first_trouble >= BLAME_WINDOW_S:
-                        return max(self._candidates).failure
+                if self._blame:
+                    blamed = self._blame.settled(now)
+                    if blamed is not None:
+                        return blamed
                     continue
                 self._forward_remote_port()
-                stop = self._abort_requested() or self._deadline_passed(now)
+                stop = self._abort_requested() or deadline_passed(
+                    self.spec, self._ranks, self._start, now
+                )
                 if stop is not None:
                     return stop
         finally:
@@ -285,50 +259,25 @@ class Launcher:
                 if other.rank != 0:
                     self._write(other, {"port": event["port"]})
         elif kind == "env":
-            self._env_report = event
+            self._reports.environment_report = event
         elif kind == "size":
             self._record_size(event)
         elif kind in ("mem", "rss"):
-            self._peaks[kind] = max(self._peaks.get(kind, 0), int(event["peak_bytes"]))
+            self._reports.peak(kind, int(event["peak_bytes"]))
         elif kind == "gpu":
-            self._gpus[entry.rank] = str(event["uuid"])
+            self._reports.gpus[entry.rank] = str(event["uuid"])
         elif kind == "error":
             entry.error = event
-            self._blame(
-                1,
-                now,
-                entry.rank,
-                event.get("phase", entry.phase),
-                "exception",
-                f"{event.get('type')}: {event.get('message')}",
-            )
+            self._blame.exception(now, entry, event)
         elif kind == "done":
             entry.done = True
         if self.on_event is not None and kind in ("hello", "store", "phase", "size"):
             self.on_event(kind, {"rank": entry.rank, **event})
 
     def _record_size(self, event: dict[str, Any]) -> None:
-        spec = self.spec
-        per_rank = [[float(v) for v in times] for times in event["samples"]]
-        size_bytes = int(event["size_bytes"])
-        samples = bandwidth.combine_ranks(per_rank, spec.rank_stat)
-        self._collective_s += sum(samples) * (spec.batch if spec.timing == "batched" else 1)
-        cpu = cpushare.rows_of(event.get("cpu"))
-        result = SizeResult.of_samples(
-            spec, size_bytes, int(event["count"]), samples, per_rank, event.get("check_ok"), cpu
-        )
-        result = result.carrying(event.get("carried_bytes")).reported(event)
-        graphs.note(spec, result)
-        self._results.append(result)
+        result = self._reports.size(event)
         if result.check_ok is False:
-            self._blame(
-                0,
-                time.monotonic(),
-                None,
-                "check",
-                "check",
-                f"wrong values after {spec.op} of {size_bytes} bytes",
-            )
+            self._blame.wrong_values(time.monotonic(), self.spec.op, result.size_bytes)
         if self.on_event is not None:
             self.on_event("result", {"result": result})
 
@@ -343,42 +292,14 @@ class Launcher:
             if not entry.eof:
                 self._read(entry, selector)
             entry.exit_status = status
-            if entry.done and status == 0:
-                continue
-            if status < 0:
-                self._blame(3, now, entry.rank, entry.phase, "signal", describe_status(status))
-            elif entry.error is None:
-                self._blame(
-                    2,
-                    now,
-                    entry.rank,
-                    entry.phase,
-                    "exit",
-                    f"{describe_status(status)}; {stderr_tail(entry.stderr_path)}",
-                )
+            if not (entry.done and status == 0):
+                self._blame.exited(now, entry, status)
 
     def _notice_zygote_lost(self, now: float) -> None:
         session = self._starter.session
         running = [e for e in self._ranks if isinstance(e.proc, ForkedRank) and not e.done]
-        blamed = any(c.failure.cause == "zygote" for c in self._candidates)
-        if session is not None and session.lost and running and not blamed:
-            # Above a rank's own end: its ranks exit because their parent is gone.
-            phase = min((e.phase for e in running), key=PHASES.index)
-            self._blame(4, now, None, phase, "zygote", "the rank zygote died under the probe")
-
-    def _blame(
-        self,
-        priority: int,
-        now: float,
-        rank: int | None,
-        phase: str,
-        cause: FailureCause,
-        detail: str,
-    ) -> None:
-        phase_value: Phase = phase if phase in PHASES else "spawn"  # type: ignore[assignment]
-        failure = ProbeFailure(phase=phase_value, rank=rank, cause=cause, detail=detail.strip())
-        # Negative time: among equal priorities the earliest wins under max().
-        self._candidates.append(_Candidate(priority, -now, failure))
+        if session is not None and session.lost and running:
+            self._blame.zygote_lost(now, min((e.phase for e in running), key=PHASES.index))
 
     def _abort_requested(self) -> ProbeFailure | None:
         if self.abort is None:
@@ -394,53 +315,6 @@ class Launcher:
             detail=f"stopped by netmon: {reason}",
             cancel_reason=reason,
         )
-
-    def _deadline_passed(self, now: float) -> ProbeFailure | None:
-        deadlines = self.spec.deadlines
-        overall_left = self._start + self.spec.timeout - now
-        late = []
-        for entry in self._ranks:
-            phase_left = entry.phase_since + deadlines.for_phase(entry.phase) - now
-            silent = entry.hello and now - entry.last_heard > deadlines.unresponsive
-            if min(phase_left, overall_left) <= 0 or silent:
-                late.append(entry)
-        if not late:
-            return None
-        culprit = self._culprit(now)
-        return ProbeFailure(
-            phase=culprit.phase,
-            rank=culprit.rank,
-            cause="timeout",
-            detail=self._timeout_detail(culprit, now),
-        )
-
-    def _culprit(self, now: float) -> RankProcess:
-        """The rank that holds the others up: stopped or silent first, then the least advanced.
-
-        It need not be a late rank itself: a stopped rank keeps its peers waiting in a collective.
-        """
-
-        def progress(entry: RankProcess) -> tuple[int, int, int]:
-            state = process_state(entry.proc.pid)
-            frozen = state in ("T", "t") or now - entry.last_heard > 2.0
-            return (0 if frozen else 1, PHASES.index(entry.phase), entry.sizes_done)
-
-        return min(self._ranks, key=lambda entry: (progress(entry), entry.rank))
-
-    def _timeout_detail(self, entry: RankProcess, now: float) -> str:
-        waited = now - entry.phase_since
-        where = f" at {bandwidth.format_size(entry.size)}" if entry.size else ""
-        state = process_state(entry.proc.pid)
-        notes = {
-            "T": "; the process is stopped (SIGSTOP?)",
-            "t": "; the process is traced",
-            "D": "; the process is in uninterruptible sleep (driver?)",
-        }
-        silent = now - entry.last_heard
-        told = notes.get(state or "", "") + (f"; silent for {silent:.1f} s" if silent > 2.0 else "")
-        if now - self._start >= self.spec.timeout:  # the probe's own timeout, not the phase's
-            return f"--timeout {self.spec.timeout:g} s ran out in phase {entry.phase}{where}{told}"
-        return f"no progress in phase {entry.phase}{where} after {waited:.1f} s{told}"
 
     # ---- teardown ----
 
@@ -475,23 +349,6 @@ class Launcher:
         if self.spec.backend != "nccl":
             return ("gloo",), ()
         return transport_faults.judge_logs(sorted(workdir.glob("nccl.rank*.log")), self.spec.intent)
-
-    # ---- results ----
-
-    def _environment(self) -> ProbeEnvironment:
-        report = self._env_report
-        devices = tuple(filter(None, str(report.get("devices", "")).split(",")))
-        return ProbeEnvironment(
-            netmon=netmon.__version__,
-            torch=report.get("torch"),
-            backend=self.spec.backend,
-            nccl=report.get("nccl"),
-            ranks=self.spec.ranks,
-            host=socket.gethostname(),
-            python=report.get("python"),
-            devices=tuple(self.spec.devices) or devices,
-            cuda_uuids=tuple(self._gpus.get(r, "") for r in range(self.spec.ranks)),
-        )
 
 
 def run_probe(spec: ProbeSpec, **kwargs: Any) -> ProbeOutcome:
