@@ -1,6 +1,6 @@
 """The layout keeps its promises (docs/ARCHITECTURE.md): small modules, few at the top, no code
-written twice, a README table that matches the tree, and nothing that leans on files outside the
-repository."""
+written twice, no import circle, a README table that matches the tree, and nothing that leans on
+files outside the repository."""
 
 from __future__ import annotations
 
