@@ -111,13 +111,14 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     function, relative or absolute (a package's own __init__ is not counted as imported by its
     submodules: Python runs it first either way)."""
     paths = {_module_name(p, root): p for p in sorted((root / "netmon").rglob("*.py"))}
+    known = set(paths)
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import | ast.ImportFrom):
-                targets |= _imported(node, package, set(paths))
+                targets |= _imported(node, package, known)
         graph[name] = targets - {name}
     return graph
 
