@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_process import PROBE_OK, Daemon, log
-from probe_vs_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
+from plain_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
 from scrapes import parse_samples
 
 from netmon.probe.processes import descendants_of
