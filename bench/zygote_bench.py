@@ -35,8 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon_bench import _PROBE_OK, Daemon, log, parse_samples
-from probe_vs_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
+from daemon_process import PROBE_OK, Daemon, log
+from plain_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
+from scrapes import parse_samples
 
 from netmon.probe.processes import descendants_of
 
@@ -100,7 +101,7 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
                     raise RuntimeError(f"no run within 120 s: {daemon.log()[-1500:]}")
                 time.sleep(0.2)
             zygote_s = zygote_cpu_s(daemon.proc.pid)
-            before_log = len(_PROBE_OK.findall(daemon.log()))
+            before_log = len(PROBE_OK.findall(daemon.log()))
             cpu0, runs0, t0 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
             time.sleep(window_s)
             # At least one run in the window, however long a run takes on a loaded host (a
@@ -111,7 +112,7 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
                     raise RuntimeError(f"no run within 120 s: {daemon.log()[-1500:]}")
                 time.sleep(0.05)
             cpu1, runs1, t1 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
-            walls = [float(w) for _, w in _PROBE_OK.findall(daemon.log())[before_log:]]
+            walls = [float(w) for _, w in PROBE_OK.findall(daemon.log())[before_log:]]
         finally:
             code, _ = daemon.stop()
             leftovers = daemon.kill_leftovers()
