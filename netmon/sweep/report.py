@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from netmon.sweep.delivery.node_report import NodeReport, PeerResult
-from netmon.sweep.locate.localise import JudgedPair, Localiser, Suspect
+from netmon.sweep.locate.localise import Localiser, Suspect
+from netmon.sweep.locate.pair_verdict import JudgedPair
 
 
 def pair_outcome(pair: JudgedPair) -> str:

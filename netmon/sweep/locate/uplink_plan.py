@@ -89,21 +89,40 @@ class Pool:
         return len(self.names) - len(self.placed)
 
 
+def apart(fabric: Fabric, pairs: Sequence[PairPlan]) -> list[PairPlan]:
+    """The round's pairs whose flows share no uplink direction with an earlier one: two
+    locate pairs from one leaf to destinations on the same port would halve each other
+    and name both healthy ends. Those left out wait for the next round."""
+    load = RoundLoad(fabric)
+    kept = []
+    for pair in pairs:
+        if load.fitting(pair.nodes, pair.rails) is None:
+            continue
+        load.take(pair.nodes, pair.rails)
+        kept.append(pair)
+    return kept
+
+
 def plan_round(
     ledger: Ledger,
     nodes: Sequence[SweepNode],
     free: Collection[str],
-    load: RoundLoad,
+    taken: Sequence[PairPlan],
     round_: int,
     rng: random.Random,
     group_of: Mapping[str, Hashable] | None = None,
 ) -> list[PairPlan]:
-    """Pairs of `free` (nodes known good, not in another pair this round): first one per
-    candidate uplink, then pairs that cross uplinks no flow has crossed yet."""
+    """Pairs of `free` (nodes known good) that no pair `taken` in this round already uses:
+    first one per candidate uplink, then pairs that cross uplinks no flow has crossed yet; no
+    uplink direction used twice in the round."""
+    load = RoundLoad(ledger.fabric)
+    for pair in taken:
+        load.take(pair.nodes, pair.rails)
+    busy = {n for pair in taken for n in pair.nodes}
     by_name = {n.name: n for n in nodes}
     rails = max((n.rails for n in nodes), default=1)
     groups = group_of or {n.name: ledger.fabric.group(n.name, rails) for n in nodes}
-    names = [name for name in free if name in by_name]
+    names = [name for name in free if name in by_name and name not in busy]
     rng.shuffle(names)
     pool = Pool(names, by_name, groups, ledger.fabric)
     plans = _retests(ledger, pool, load, round_, rng)
