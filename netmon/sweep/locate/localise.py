@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
 from netmon.sweep.locate import blind, plan, uplink_plan
-from netmon.sweep.locate.fabric import Fabric, cable
+from netmon.sweep.locate.fabric import Cable, Fabric, Uplink
 from netmon.sweep.locate.judge import Rules
 from netmon.sweep.locate.pair_verdict import JudgedPair, SweepJudge
 from netmon.sweep.locate.partners import Partners
@@ -46,6 +46,13 @@ class Suspect:
     round: int = 0
     kind: str = "node"  # node, path, uplink or switch
     ratio: float | None = None  # the worst failure's busbw over its expected level
+
+    @property
+    def uplink(self) -> Uplink | None:
+        """The uplink named, for an uplink (its leaf and spine); None for other kinds."""
+        if self.kind != "uplink" or self.peer is None:
+            return None
+        return Uplink(self.node, self.peer)
 
 
 @dataclass
@@ -276,7 +283,7 @@ class Localiser:
         if self.ledger is None or self.fabric is None:
             return True
         hops = self.fabric.pair_hops(nodes, rail)
-        return all(self.ledger.clear(h.link, cable(node, rail)) for h in hops)
+        return all(self.ledger.clear(h.link, Cable(node, rail)) for h in hops)
 
     def _against_good(
         self, node: str, failed: frozenset[int], round_: int, ratio: float | None
@@ -292,7 +299,7 @@ class Localiser:
                 return
             self.named[node] = suspect
             if self.ledger is not None:
-                self.ledger.named_cables |= {cable(node, r) for r in rails}
+                self.ledger.named_cables |= {Cable(node, r) for r in rails}
         else:
             self._partners.failed_on(node, failed)
 
@@ -300,7 +307,7 @@ class Localiser:
         named = sorted(self.named.values(), key=lambda s: s.node) + list(self.paths)
         if self.ledger is not None:
             named += [
-                Suspect(u.leaf, (u.rail,), u.spine, u.round, "uplink", u.ratio)
+                Suspect(u.link.leaf, (u.rail,), u.link.spine, u.round, "uplink", u.ratio)
                 for u in self.ledger.named.values()
             ]
             named += [
