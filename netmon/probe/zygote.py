@@ -225,9 +225,10 @@ class Zygote:
     def _reap_if_ended(self, session: _Session, pid: int) -> dict[str, Any] | None:
         if _status(pid) is None:
             return None  # answered when it ends (SIGCHLD)
-        os.waitpid(pid, 0)
+        # The rank's whole CPU time, its exit included: what no mark of its own can say.
+        _, _, usage = os.wait4(pid, 0)
         del session.children[pid]
-        return {"op": "reaped", "pid": pid}
+        return {"op": "reaped", "pid": pid, "cpu_s": round(usage.ru_utime + usage.ru_stime, 6)}
 
     def _report_exits(self) -> None:
         for session in list(self.sessions.values()):
