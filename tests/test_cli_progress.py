@@ -63,7 +63,7 @@ def probe(stderr_on_a_terminal: bool) -> str:
         assert done.returncode == 0, done.stderr
         return done.stderr
     leader, follower = pty.openpty()
-    done = subprocess.run(args, stdout=subprocess.PIPE, stderr=follower, timeout=300)
+    ran = subprocess.run(args, stdout=subprocess.PIPE, stderr=follower, timeout=300)
     os.close(follower)
     written = b""
     while True:
@@ -75,7 +75,7 @@ def probe(stderr_on_a_terminal: bool) -> str:
             break
         written += chunk
     os.close(leader)
-    assert done.returncode == 0, written
+    assert ran.returncode == 0, written
     return written.decode()
 
 
