@@ -87,7 +87,10 @@ def tagged_processes(tag: str) -> list[int]:
 class Daemon:
     """`python -m netmon serve` on a free loopback port, with a tag its ranks inherit."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+    def __init__(
+        self, workdir: Path, config: dict[str, Any], python_path: str | None = None
+    ) -> None:
+        """`python_path`: another checkout's root, whose netmon the daemon (and its ranks) run."""
         self.config_path = workdir / "daemon.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = workdir / "daemon.log"
@@ -95,6 +98,8 @@ class Daemon:
         # No stray NETMON_* override may change the schedule under test.
         env = {k: v for k, v in os.environ.items() if not k.startswith("NETMON_")}
         env[TAG_VARIABLE] = self.tag
+        if python_path is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [python_path, env.get("PYTHONPATH")]))
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "netmon", "serve", "--config", str(self.config_path)],

@@ -124,10 +124,12 @@ def config(workdir: Path, method: str) -> dict[str, Any]:
     }
 
 
-def phase(method: str, window_s: float) -> dict[str, Any]:
+def phase(method: str, window_s: float, baseline: str | None = None) -> dict[str, Any]:
+    """One way's window; `baseline` is ranks forked by the zygote of another checkout's netmon."""
     with tempfile.TemporaryDirectory(prefix="netmon-zygote-bench-") as directory:
         workdir = Path(directory)
-        daemon = Daemon(workdir, config(workdir, method))
+        start = "zygote" if method == "baseline" else method
+        daemon = Daemon(workdir, config(workdir, start), baseline if method == "baseline" else None)
         try:
             deadline = time.monotonic() + 120
             while runs(daemon) < 2:  # the first run finished, the second begun
@@ -300,27 +302,33 @@ def _breakdown(mine: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
-    by: dict[str, dict[str, float]] = {}
-    for method in METHODS:
+    by: dict[str, dict[str, Any]] = {}
+    methods = [m for m in (*METHODS, "baseline") if any(p["method"] == m for p in phases)]
+    for method in methods:
         mine = [p for p in phases if p["method"] == method and p["cpu_s_per_run"] is not None]
         by[method] = {"cpu_s_per_run_median": statistics.median(p["cpu_s_per_run"] for p in mine)}
         if method != "floor":
             by[method]["wall_s_median"] = statistics.median(p["wall_s_median"] for p in mine)
-    by["zygote"].update(_breakdown([p for p in phases if p["method"] == "zygote"]))
-    zygote, spawn, floor = by["zygote"], by["spawn"], by["floor"]["cpu_s_per_run_median"]
-    for method in ("zygote", "spawn"):
+    for method in ("zygote", "baseline"):
+        if method in by:
+            by[method].update(_breakdown([p for p in phases if p["method"] == method]))
+    zygote, floor = by["zygote"], by["floor"]["cpu_s_per_run_median"]
+    for method in set(methods) - {"floor"}:
         by[method]["overhead_cpu_s_per_run"] = round(by[method]["cpu_s_per_run_median"] - floor, 4)
+    compared: dict[str, Any] = {}
+    if "baseline" in by:
+        base = by["baseline"]
+        compared["zygote_minus_baseline_cpu_s_per_run"] = round(
+            zygote["cpu_s_per_run_median"] - base["cpu_s_per_run_median"], 4
+        )
+        compared["ratio_zygote_over_baseline_overhead"] = round(
+            zygote["overhead_cpu_s_per_run"] / base["overhead_cpu_s_per_run"], 3
+        )
+    if "spawn" in by:
+        compared["ratio_spawn_over_zygote"] = _spawn_ratios(by["spawn"], zygote)
     return {
         **by,
-        "ratio_spawn_over_zygote": {
-            "cpu_s_per_run": round(
-                spawn["cpu_s_per_run_median"] / zygote["cpu_s_per_run_median"], 2
-            ),
-            "wall_s": round(spawn["wall_s_median"] / zygote["wall_s_median"], 2),
-            "overhead_cpu_s_per_run": round(
-                spawn["overhead_cpu_s_per_run"] / zygote["overhead_cpu_s_per_run"], 1
-            ),
-        },
+        **compared,
         "floor_share_of_zygote_cpu": round(floor / zygote["cpu_s_per_run_median"], 3),
         "targets": {"cpu_s_per_run": TARGET_CPU_S, "wall_s": TARGET_WALL_S},
         "zygote_within_targets": zygote["cpu_s_per_run_median"] <= TARGET_CPU_S
@@ -328,22 +336,46 @@ def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _spawn_ratios(spawn: dict[str, Any], zygote: dict[str, Any]) -> dict[str, float]:
+    return {
+        "cpu_s_per_run": round(spawn["cpu_s_per_run_median"] / zygote["cpu_s_per_run_median"], 2),
+        "wall_s": round(spawn["wall_s_median"] / zygote["wall_s_median"], 2),
+        "overhead_cpu_s_per_run": round(
+            spawn["overhead_cpu_s_per_run"] / zygote["overhead_cpu_s_per_run"], 1
+        ),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", type=int, default=4, help="phases per method (default 4)")
     parser.add_argument("--window", type=float, default=40.0, help="seconds per phase window")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="the ways to measure, in turn (default zygote,spawn,floor; zygote and floor needed)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another checkout (git worktree add DIR COMMIT): its netmon is measured too, as "
+        "method baseline, in turn with this one's",
+    )
     parser.add_argument("--floor-rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_rank is not None:
         floor_rank(args.floor_rank, args.port)
         return 0
+    methods = [m for m in args.methods.split(",") if m] + (["baseline"] if args.baseline else [])
+    if not {"zygote", "floor"} <= set(methods) or not set(methods) <= {*METHODS, "baseline"}:
+        parser.error(f"--methods: zygote and floor, and spawn if you like (got {args.methods})")
     order: list[str] = []
     for i in range(args.phases):
         # Each way takes each place in the order in turn.
-        order += [METHODS[(i + j) % len(METHODS)] for j in range(len(METHODS))]
+        order += [methods[(i + j) % len(methods)] for j in range(len(methods))]
     phases = [
-        floor_phase(args.window) if method == "floor" else phase(method, args.window)
+        floor_phase(args.window) if method == "floor" else phase(method, args.window, args.baseline)
         for method in order
     ]
     document = {
