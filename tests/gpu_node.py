@@ -22,7 +22,8 @@ from netmon import sim
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.idle import GpuReading
 from netmon.gpu.linkhealth import LinkHealth
-from netmon.gpu.nvml import NvmlSource, read_fabric, read_link_health
+from netmon.gpu.nvml import NvmlSource
+from netmon.gpu.nvml_links import read_fabric, read_link_health
 from netmon.sim.node import SimulatedNode, load_node_file
 from netmon.sim.nvml import SimulatedNvml
 from netmon.topology.model import Topology

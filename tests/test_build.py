@@ -17,7 +17,7 @@ from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig, parse_config, resolve
 from netmon.gpu import idle
 from netmon.group.members import World
-from netmon.probe import nccl_debug
+from netmon.probe import nccl_debug, transport_faults
 from netmon.probe.build import Placement, SpecError, build_spec
 from netmon.probe.launcher import Launcher
 from netmon.probe.pairs import pair_placement
@@ -154,8 +154,8 @@ def test_a_pair_joined_by_nvlink_expects_nvlink_and_a_fallback_to_shm_is_flagged
     spec = build_spec(probe_of(config), config, placement=placement, topology=dgx_h100())
     assert spec.intent == "nvlink"  # GPUs 3 and 6 share NVLink (NV18)
     fell_back = nccl_debug.parse(pair_log("SHM/direct/direct"))
-    assert nccl_debug.judge(fell_back, spec.intent) == ["shm_where_nvlink_expected"]
-    assert nccl_debug.judge(nccl_debug.parse(pair_log("P2P/CUMEM/read")), spec.intent) == []
+    assert transport_faults.judge(fell_back, spec.intent) == ["shm_where_nvlink_expected"]
+    assert transport_faults.judge(nccl_debug.parse(pair_log("P2P/CUMEM/read")), spec.intent) == []
 
 
 def test_a_pair_on_pcie_expects_any_transport(tmp_path: Path) -> None:
@@ -172,8 +172,8 @@ def test_a_pair_on_pcie_expects_any_transport(tmp_path: Path) -> None:
     # count its P2P as a fault, so none is stated.
     assert (intent((0, 2)), intent((1, 2))) == ("any", "any")
     p2p = nccl_debug.parse(pair_log("P2P/IPC"))
-    assert nccl_debug.judge(p2p, "any") == []
-    assert nccl_debug.judge(p2p, "pcie") == ["p2p_where_pcie_expected"]
+    assert transport_faults.judge(p2p, "any") == []
+    assert transport_faults.judge(p2p, "pcie") == ["p2p_where_pcie_expected"]
     # CPU ranks write no NCCL log, whatever topology_file says joins their rank slots.
     gloo = node(tmp_path, backend="gloo", devices=None, ranks=2, rank_wrapper=[])
     cpu_pair = pair_placement((0, 1), "gloo")

@@ -23,7 +23,8 @@ from netmon.config import LinkTelemetryConfig, NetmonConfig, parse_config, resol
 from netmon.exposition.collector import SnapshotPage
 from netmon.gpu.idle import IdlePolicy
 from netmon.gpu.linkhealth import LinkHealth
-from netmon.gpu.nvml import NvmlSource, read_link_health
+from netmon.gpu.nvml import NvmlSource
+from netmon.gpu.nvml_links import read_link_health
 from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
 from netmon.serve.current import CurrentConfig

@@ -407,7 +407,7 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
 def test_the_leaders_store_keeps_only_its_last_rounds(
     tmp_path: Path, started: list[DaemonProcess]
 ) -> None:
-    from netmon.serve.coordinator import ROUNDS_KEPT
+    from netmon.serve.rounds import ROUNDS_KEPT
 
     dist: Any = importlib.import_module("torch.distributed")
     secret = "the group's secret, 32 bytes long"

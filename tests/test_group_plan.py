@@ -28,7 +28,7 @@ from netmon.group.members import (
     node_transport,
     round_transport,
 )
-from netmon.probe import crossnode, nccl_debug
+from netmon.probe import crossnode, nccl_debug, transport_faults
 from netmon.probe.build import Placement, build_spec
 from netmon.probe.crossnode import INTENT_OF_TRANSPORT, transport_checked
 from netmon.probe.spec import ProbeFailure, ProbeOutcome, ProbeSpec, SizeResult
@@ -281,7 +281,8 @@ def rdma_root(tmp_path: Path, *devices: str) -> Path:
 
 
 class FabricReads:
-    """netmon.gpu.nvml.read_fabric as a node answers it (readings, or NVML's error), counted."""
+    """netmon.gpu.nvml_links.read_fabric as a node answers it (readings, or NVML's error),
+    counted."""
 
     def __init__(self, answer: Sequence[FabricReading] | Exception) -> None:
         self.answer, self.calls = answer, 0
@@ -355,12 +356,12 @@ def test_a_round_on_sockets_from_an_rdma_node_fails_unless_the_group_allows_it(
     tmp_path: Path, transport: str | None, intent: str, flagged: bool
 ) -> None:
     config = node_config(tmp_path, transport)
-    rounds = coordinator(config, FabricReads(HGX), rdma_root(tmp_path, "mlx5_0"))
+    rounds = coordinator(config, FabricReads(HGX), rdma_root(tmp_path, "mlx5_0")).rounds
     (probe,) = [p for p in config.probes or () if p.name == "cross"]
     spec = rounds._group_spec(probe, config, lay_out([A, B], {A: 1, B: 1}), ["0", "0"])
     assert (spec.intent, spec.path) == (intent, "group")
     report = nccl_debug.parse(SOCKETS_LOG)
-    ran = round_outcome(tuple(nccl_debug.judge(report, spec.intent)), ("net_socket",))
+    ran = round_outcome(tuple(transport_faults.judge(report, spec.intent)), ("net_socket",))
     checked = transport_checked(ran.model_copy(update={"spec": spec}))
     assert (checked.failure is not None) is flagged
     if flagged:
@@ -402,7 +403,7 @@ def test_an_nvl72_node_without_its_imex_channel_asks_for_the_network(
     """NVML's fabric reading on a simulated node whose GPUs share a multi-node NVLink domain (a
     cluster UUID), through the real reader: without an IMEX channel a round must not leave NCCL
     to try MNNVL, which fails the communicator at init."""
-    from netmon.gpu.nvml import read_fabric
+    from netmon.gpu.nvml_links import read_fabric
     from netmon.group.members import node_mnnvl_env
     from tests.gpu_node import dgx_h100
 

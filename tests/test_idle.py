@@ -31,7 +31,8 @@ from netmon.gpu.idle import (
     foreign_processes,
     sample,
 )
-from netmon.gpu.nvml import NvmlSource, NvmlUnavailable, reading_from_raw
+from netmon.gpu.idle_reading import reading_from_raw
+from netmon.gpu.nvml import NvmlSource, NvmlUnavailable
 from tests.fake_nvml import IdleNvml, nvml_error
 
 FIXTURE = Path(__file__).parent / "fixtures" / "recorded_idle_2gpu.json"

@@ -4,6 +4,7 @@ repository."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -131,6 +132,82 @@ def test_the_readme_layout_table_names_every_part_of_the_tree() -> None:
     parts |= {f"netmon/{p.name}" for p in PACKAGE.glob("*.py") if not p.name.startswith("__")}
     assert parts - named == set(), "missing from the README's layout table"
     assert named - parts == set(), "in the README's layout table but not in the tree"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -> set[str]:
+    """The modules of `known` an import statement loads: for `from m import a, b` each name
+    that is a submodule of m, and m itself for every name that is not."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names} & known
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+    names = {f"{base}.{alias.name}" for alias in node.names}
+    return (names & known) | ({base} & known if names - known else set())
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Each module of netmon/ and the modules of netmon/ it imports, at its top or inside a
+    function, relative or absolute (a package's own __init__ is not counted as imported by its
+    submodules: Python runs it first either way)."""
+    paths = {_module_name(p, root): p for p in sorted((root / "netmon").rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                targets |= _imported(node, package, set(paths))
+        graph[name] = targets - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle as the modules around it (first repeated at the end), or []."""
+    state: dict[str, str] = {}
+    trail: list[str] = []
+
+    def visit(name: str) -> list[str]:
+        state[name] = "open"
+        trail.append(name)
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == "open":
+                return [*trail[trail.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        state[name] = "done"
+        trail.pop()
+        return []
+
+    for name in sorted(graph):
+        if name not in state and (cycle := visit(name)):
+            return cycle
+    return []
+
+
+def test_the_cycle_finder_finds_a_circle_through_a_function_import(tmp_path: Path) -> None:
+    (tmp_path / "netmon" / "sub").mkdir(parents=True)
+    for init in ("netmon/__init__.py", "netmon/sub/__init__.py"):
+        (tmp_path / init).write_text("")
+    (tmp_path / "netmon/sub/a.py").write_text("from netmon.sub import b\n")
+    (tmp_path / "netmon/sub/b.py").write_text("def f():\n    from .a import g\n")
+    (tmp_path / "netmon/c.py").write_text("import os\nfrom netmon.sub.a import x\n")
+    (tmp_path / "netmon/d.py").write_text("from netmon.sub import b, x\nfrom . import c\n")
+    graph = import_graph(tmp_path)
+    assert graph["netmon.c"] == {"netmon.sub.a"}
+    assert graph["netmon.d"] == {"netmon.sub", "netmon.sub.b", "netmon.c"}
+    assert find_cycle(graph) == ["netmon.sub.a", "netmon.sub.b", "netmon.sub.a"]
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    cycle = find_cycle(import_graph(ROOT))
+    assert cycle == [], "import circle: " + " -> ".join(cycle)
 
 
 def test_nothing_refers_to_notes_outside_the_repository() -> None:

@@ -39,7 +39,8 @@ from netmon.gpu.linkhealth import (
     pcie_from_raw,
     throughput_from_fields,
 )
-from netmon.gpu.nvml import NvmlUnavailable, read_link_health
+from netmon.gpu.nvml import NvmlUnavailable
+from netmon.gpu.nvml_links import read_link_health
 from tests.fake_nvml import LinkHealthNvml, nvml_error
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -12,6 +12,7 @@ import pytest
 from netmon.group.members import TRANSPORTS
 from netmon.probe import crossnode, debugenv
 from netmon.probe import nccl_debug as nd
+from netmon.probe import transport_faults as tf
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeSpec
 
@@ -72,9 +73,9 @@ def test_p5_env_overrides(p5: nd.TransportReport) -> None:
 
 def test_p5_judged(p5: nd.TransportReport) -> None:
     # P2P/CUMEM plus NVLS fits an NVLink intent; not proof of it (docs/FACTS.md, "Transport log").
-    assert nd.judge(p5, "nvlink") == []
-    assert nd.judge(p5, "any") == []
-    assert nd.judge(p5, "pcie") == ["p2p_where_pcie_expected", "nvls_where_pcie_expected"]
+    assert tf.judge(p5, "nvlink") == []
+    assert tf.judge(p5, "any") == []
+    assert tf.judge(p5, "pcie") == ["p2p_where_pcie_expected", "nvls_where_pcie_expected"]
 
 
 def test_nccl687_ib_and_p2p_read_in_busid_notation() -> None:
@@ -99,8 +100,8 @@ def test_nccl687_ib_and_p2p_read_in_busid_notation() -> None:
     assert {c.locality for c in net} == {"unknown"}
     assert report.intra_node_transports == {"p2p"}
     assert report.inter_node_transports == frozenset()
-    assert nd.judge(report, "nvlink") == []
-    assert nd.judge(report, "pcie") == ["p2p_where_pcie_expected"]
+    assert tf.judge(report, "nvlink") == []
+    assert tf.judge(report, "pcie") == ["p2p_where_pcie_expected"]
 
 
 def test_nccl1817_shm_only_contradicts_nvlink() -> None:
@@ -111,9 +112,9 @@ def test_nccl1817_shm_only_contradicts_nvlink() -> None:
     assert {c.locality for c in report.connections} == {"intra_node"}
     assert report.connections[0].src == nd.Endpoint(7, "7")
     assert report.connections[0].channel == 1
-    assert nd.judge(report, "nvlink") == ["shm_where_nvlink_expected"]
-    assert nd.judge(report, "pcie") == []
-    assert nd.judge(report, "any") == []
+    assert tf.judge(report, "nvlink") == ["shm_where_nvlink_expected"]
+    assert tf.judge(report, "pcie") == []
+    assert tf.judge(report, "any") == []
 
 
 P2P_DISABLED_WARN = (
@@ -131,14 +132,14 @@ def test_p2p_disabled_on_nvlink_warning_is_a_fault_for_every_intent() -> None:
     assert len(report.warnings) == 1
     assert report.warnings[0].startswith("P2P is disabled between NVLINK connected GPUs 1 and 0.")
     for intent in ("nvlink", "pcie", "any"):
-        assert nd.judge(report, intent) == ["p2p_disabled_on_nvlink"]
+        assert tf.judge(report, intent) == ["p2p_disabled_on_nvlink"]
 
 
 def test_other_warnings_are_kept_but_not_judged() -> None:
     text = "h:1:2 [0] NCCL WARN Cuda failure 'out of memory'\nh:1:2 [0] NCCL WARN Cuda failure 'x'"
     report = nd.parse(text)
     assert report.warnings == ("Cuda failure 'out of memory'", "Cuda failure 'x'")
-    assert nd.judge(report, "any") == []
+    assert tf.judge(report, "any") == []
 
 
 def test_honest_pcie_path() -> None:
@@ -159,14 +160,14 @@ def test_honest_pcie_path() -> None:
     assert report.env_value("NCCL_P2P_DISABLE") == "1"
     assert report.env_value("NCCL_NVLS_ENABLE") == "0"
     assert report.transports == {"shm"}
-    assert nd.judge(report, "pcie") == []
-    assert nd.judge(report, "nvlink") == ["p2p_disabled_by_env", "shm_where_nvlink_expected"]
+    assert tf.judge(report, "pcie") == []
+    assert tf.judge(report, "nvlink") == ["p2p_disabled_by_env", "shm_where_nvlink_expected"]
 
 
 def test_p2p_level_loc_counts_as_disabled() -> None:
     report = nd.parse("h:1:1 [0] NCCL INFO NCCL_P2P_LEVEL set by environment to LOC")
     assert report.env_value("NCCL_P2P_LEVEL") == "LOC"
-    assert nd.judge(report, "nvlink") == ["p2p_disabled_by_env"]
+    assert tf.judge(report, "nvlink") == ["p2p_disabled_by_env"]
     # Connections not logged yet (lazy connect): nothing contradicts, nothing is proven.
     assert not report.observed
 
@@ -275,8 +276,8 @@ def test_locality_from_hosts_and_single_node() -> None:
         (1, "net_ib", "intra_node"),
         (1, "p2p", "intra_node"),
     ]
-    assert nd.judge(report, "nvlink") == ["net_where_nvlink_expected"]
-    assert nd.judge(report, "pcie") == ["p2p_where_pcie_expected", "net_where_pcie_expected"]
+    assert tf.judge(report, "nvlink") == ["net_where_nvlink_expected"]
+    assert tf.judge(report, "pcie") == ["p2p_where_pcie_expected", "net_where_pcie_expected"]
 
     one_node = "\n".join(
         [
@@ -329,7 +330,7 @@ def test_empty_and_unrelated_text() -> None:
         assert report.n_ranks is None
         assert report.connects_lazily is None
         for intent in ("nvlink", "pcie", "any"):
-            assert nd.judge(report, intent) == []
+            assert tf.judge(report, intent) == []
 
 
 def test_reasons_are_bounded() -> None:
@@ -340,7 +341,7 @@ def test_reasons_are_bounded() -> None:
     ]
     for text in texts:
         for intent in ("nvlink", "pcie", "any"):
-            assert set(nd.judge(nd.parse(text), intent)) <= set(nd.REASONS)
+            assert set(tf.judge(nd.parse(text), intent)) <= set(tf.REASONS)
 
 
 # --- between nodes: a node group's `transport` (netmon.probe.crossnode)
@@ -368,18 +369,18 @@ def test_the_published_ib_log_fits_ib_and_net_but_not_socket() -> None:
     # The NET peers' hosts are unknown (locality "unknown"), which is what a member's own log
     # shows of the other node: it still counts as the network between the nodes.
     assert crossnode.network_transports(report) == {"net_ib"}
-    assert nd.judge(report, "net_ib") == []
-    assert nd.judge(report, "net") == []
-    assert nd.judge(report, "net_socket") == ["ib_where_socket_expected"]
+    assert tf.judge(report, "net_ib") == []
+    assert tf.judge(report, "net") == []
+    assert tf.judge(report, "net_socket") == ["ib_where_socket_expected"]
 
 
 def test_the_published_efa_log_is_a_plugin_neither_ib_nor_socket(p5: nd.TransportReport) -> None:
     # AWS Libfabric (EFA through aws-ofi-nccl) is a net plugin: not NCCL's IB verbs transport.
     assert crossnode.network_transports(p5) == {"net_other"}
-    assert nd.judge(p5, "net_ib") == ["plugin_where_ib_expected"]
-    assert nd.judge(p5, "net_socket") == ["plugin_where_socket_expected"]
-    assert nd.judge(p5, "net") == []
-    assert nd.judge(p5, "any") == []
+    assert tf.judge(p5, "net_ib") == ["plugin_where_ib_expected"]
+    assert tf.judge(p5, "net_socket") == ["plugin_where_socket_expected"]
+    assert tf.judge(p5, "net") == []
+    assert tf.judge(p5, "any") == []
 
 
 @pytest.mark.parametrize(
@@ -407,8 +408,8 @@ def test_one_members_log_is_judged_against_each_network_intent(
     report = nd.parse(one_member_log(via))
     assert {c.locality for c in report.connections} == {"unknown"}
     for intent in NET_INTENTS:
-        assert nd.judge(report, intent) == expected.get(intent, []), intent
-    assert nd.judge(report, "any") == []
+        assert tf.judge(report, intent) == expected.get(intent, []), intent
+    assert tf.judge(report, "any") == []
 
 
 def test_a_socket_fallback_fails_ib_whatever_else_was_used() -> None:
@@ -417,7 +418,7 @@ def test_a_socket_fallback_fails_ib_whatever_else_was_used() -> None:
         + "\n"
         + ("node-a:4100:4130 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/Socket/1")
     )
-    assert nd.judge(nd.parse(text), "net_ib") == ["socket_where_ib_expected"]
+    assert tf.judge(nd.parse(text), "net_ib") == ["socket_where_ib_expected"]
 
 
 def test_several_nodes_without_a_network_connection_are_no_network() -> None:
@@ -425,8 +426,8 @@ def test_several_nodes_without_a_network_connection_are_no_network() -> None:
     report = nd.parse(one_member_log("P2P/MNNVL/read", mnnvl=1))
     assert crossnode.network_transports(report) == frozenset()
     for intent in NET_INTENTS:
-        assert nd.judge(report, intent) == ["no_net_between_nodes"]
-    assert nd.judge(report, "any") == []
+        assert tf.judge(report, intent) == ["no_net_between_nodes"]
+    assert tf.judge(report, "any") == []
 
 
 def test_network_inside_one_node_is_not_the_network_between_nodes() -> None:
@@ -441,7 +442,7 @@ def test_network_inside_one_node_is_not_the_network_between_nodes() -> None:
     report = nd.parse(text)
     assert report.connections[0].locality == "intra_node"
     for intent in NET_INTENTS:
-        assert nd.judge(report, intent) == []
+        assert tf.judge(report, intent) == []
 
 
 def test_nothing_to_judge_without_connection_lines() -> None:
@@ -450,19 +451,19 @@ def test_nothing_to_judge_without_connection_lines() -> None:
         report = nd.parse(text)
         assert not report.observed
         for intent in NET_INTENTS:
-            assert nd.judge(report, intent) == []
-    assert nd.judge_logs([], "net_ib") == ((), ())
+            assert tf.judge(report, intent) == []
+    assert tf.judge_logs([], "net_ib") == ((), ())
 
 
 def test_network_reasons_are_bounded_and_each_intent_names_its_own() -> None:
-    assert set(crossnode.NET_REASONS) <= set(nd.REASONS)
-    assert len(set(nd.REASONS)) == len(nd.REASONS)
+    assert set(crossnode.NET_REASONS) <= set(tf.REASONS)
+    assert len(set(tf.REASONS)) == len(tf.REASONS)
     assert crossnode.network_reasons("any") == crossnode.network_reasons("nvlink") == ()
     produced: set[str] = set()
     for via in ("NET/Socket/0", "NET/IB/0", "NET/AWS Libfabric/0", "P2P/MNNVL"):
         report = nd.parse(one_member_log(via, mnnvl=int(via.startswith("P2P"))))
         for intent in NET_INTENTS:
-            found = nd.judge(report, intent)
+            found = tf.judge(report, intent)
             assert set(found) <= set(crossnode.network_reasons(intent)), (via, intent)
             produced.update(found)
     assert produced == set(crossnode.NET_REASONS)

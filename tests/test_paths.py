@@ -15,7 +15,7 @@ from netmon.bandwidth import OPS, OpName
 from netmon.cli.main import main
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.gpu.fabric import FabricReading, fabric_from_raw, nvls_supported
-from netmon.gpu.nvml import read_fabric
+from netmon.gpu.nvml_links import read_fabric
 from netmon.probe import paths
 from netmon.probe.build import build_spec
 from tests.fake_nvml import FabricNvml

@@ -255,7 +255,7 @@ def test_an_nccl_backend_without_a_gpu_is_one_line_naming_what_is_missing(argv: 
 def test_torch_without_cuda_is_named_from_its_version_file(
     tmp_path: Path, written: str, said: str | None
 ) -> None:
-    from netmon.gpu.usable import torch_without_cuda
+    from netmon.gpu.torch_build import torch_without_cuda
 
     version_py = tmp_path / "version.py"
     version_py.write_text("from typing import Optional\n" + written)

@@ -306,7 +306,7 @@ def test_a_simulated_daemon_keeps_its_baselines_apart_from_a_real_ones(
 ) -> None:
     import argparse
 
-    from netmon.cli.main import load_daemon_config
+    from netmon.cli.daemon_config import load_daemon_config
 
     node = dgx_h100(tmp_path).activate(monkeypatch)
     plain = argparse.Namespace(config=None, state_dir=None)
@@ -350,7 +350,7 @@ def test_the_embedded_default_leaves_out_gpus_in_mig_mode_unless_all_are(
     keeps them all, and says gpu_mig."""
     import argparse
 
-    from netmon.cli.main import load_daemon_config
+    from netmon.cli.daemon_config import load_daemon_config
 
     plain = argparse.Namespace(config=None, state_dir=None)
     dgx_h100(tmp_path / "one", mig=[3]).activate(monkeypatch)

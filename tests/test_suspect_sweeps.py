@@ -19,8 +19,8 @@ from netmon.probe.streaks import Streak, advance
 from netmon.probe.verdict import Pair
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
+from netmon.serve.known import load_interval
 from netmon.serve.results import Results
-from netmon.serve.telemetry import load_interval
 from tests.test_cardinality import PAIRS, dgx_config, outcome
 from tests.test_group_plan import A, B, C, FabricReads, coordinator, node_config
 

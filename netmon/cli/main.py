@@ -27,6 +27,7 @@ from netmon.cli import (
     sweep_command,
     topo_command,
 )
+from netmon.cli.daemon_config import load_daemon_config
 from netmon.errors import CouldNotRun, UsageError
 
 # The top-level help, written for a user (the module docstring is for the code's reader).
@@ -140,46 +141,6 @@ def _add_daemon_parsers(commands: Any) -> None:
         help="print netmon.yaml's JSON schema instead (for editors; the Helm chart uses it)",
     )
     check.set_defaults(handler=_cmd_check_config)
-
-
-def load_daemon_config(args: argparse.Namespace) -> Any:
-    from netmon import config as cfg
-    from netmon.gpu.nvml import gpu_count, mig_gpus
-
-    overrides: dict[str, Any] = {}
-    if getattr(args, "listen", None):
-        overrides["listen"] = args.listen
-    if getattr(args, "state_dir", None):
-        overrides["state_dir"] = str(args.state_dir)
-    elif (node := sim.active()) is not None:
-        # Baselines of simulated ranks must never meet a real daemon's: kept in the run
-        # directory unless --state-dir names a place.
-        overrides["state_dir"] = str(node.run_dir / "state")
-    logging_over = {
-        k: v
-        for k, v in (
-            ("format", getattr(args, "log_format", None)),
-            ("level", getattr(args, "log_level", None)),
-        )
-        if v
-    }
-    path = getattr(args, "config", None) or getattr(args, "file", None)
-    config = cfg.load_config(path)
-    if overrides or logging_over:
-        document = config.model_dump(mode="json", exclude_unset=True)
-        document.update(overrides)
-        if logging_over:
-            document["logging"] = {**document.get("logging", {}), **logging_over}
-        config = cfg.parse_config(document, "command line")
-    gpus = gpu_count() if config.backend != "gloo" else 0
-    mig = mig_gpus() if gpus and config.devices is None else ()
-    if mig and len(mig) < gpus:
-        logging.getLogger("netmon").warning(
-            "GPU(s) %s in MIG mode left out of the probed GPUs (netmon measures whole GPUs; "
-            "set devices to choose)",
-            ", ".join(map(str, mig)),
-        )
-    return cfg.resolve(config, gpus, mig), gpus
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:

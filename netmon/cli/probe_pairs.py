@@ -1,5 +1,5 @@
 """`netmon probe --pairs`: the pairwise link probes of the command line (docs/TOPOLOGY.md,
-"Pairwise link probes"); the flags and specs are netmon.cli.probe_command's."""
+"Pairwise link probes"); what the flags ask for is netmon.cli.probe_request's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report
-from netmon.cli.probe_command import Request, rank_zygote, spec_from
+from netmon.cli.probe_request import Request, rank_zygote, spec_from
 from netmon.errors import UsageError
 from netmon.probe.pairs import PairOutcome, pair_placement
 from netmon.probe.spec import ProbeSpec
@@ -27,7 +27,7 @@ def run_pairs(args: argparse.Namespace, request: Request, specs: Sequence[ProbeS
     if args.passes < 1:
         raise UsageError(f"--passes: must be >= 1 (got {args.passes})")
     topo = request.topology
-    assert topo is not None  # _request reads it for --pairs
+    assert topo is not None  # request_from reads it for --pairs
     probe, backend = request.probes[0], specs[0].backend
     rounds = plan_rounds(topo)
     paths = {pair: str(path) for pair, path in topo.pairs().items()}

@@ -51,7 +51,7 @@ def add_parser(commands: Any) -> None:
 
 def _cmd_rebaseline(args: argparse.Namespace) -> int:
     from netmon.baseline import requests
-    from netmon.cli.main import load_daemon_config
+    from netmon.cli.daemon_config import load_daemon_config
 
     if not args.probe and not args.all:
         raise UsageError(

@@ -39,9 +39,9 @@ class SmClock:
             return None
 
     def _open(self) -> None:
-        from netmon.gpu.nvml import _session
+        from netmon.gpu.nvml import session
 
-        self._nv = self._stack.enter_context(_session())
+        self._nv = self._stack.enter_context(session())
         if self._visible.startswith(("GPU-", "MIG-")):
             self._handle = self._nv.nvmlDeviceGetHandleByUUID(self._visible)
         else:

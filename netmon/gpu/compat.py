@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from netmon import sim
+from netmon.gpu.torch_build import CUDA_LINE, torch_name, torch_version_py
 
 # The inode of the initial PID namespace, PROC_PID_INIT_INO in the kernel's include/linux/proc_ns.h:
 # /proc/self/ns/pid points at it exactly when this process sees host PIDs.
@@ -130,10 +131,10 @@ def read_pid_namespace(ns_link: Path = Path("/proc/self/ns/pid")) -> PidNamespac
 
 def read_driver_cuda(nvml: Any = None) -> CudaVersion | None:
     """The newest CUDA the driver runs, as NVML reports it; None when NVML cannot say."""
-    from netmon.gpu.nvml import _session
+    from netmon.gpu.nvml import session
 
     try:
-        with _session(nvml) as nv:
+        with session(nvml) as nv:
             try:
                 value = int(nv.nvmlSystemGetCudaDriverVersion_v2())
             except nv.NVMLError:  # FunctionNotFound on an old libnvidia-ml: the first version
@@ -176,18 +177,15 @@ def read_torch_cuda(version_py: Path | None = None) -> tuple[CudaVersion | None,
     if node is not None:
         built = node.current().torch_cuda
         return (CudaVersion.parse(built) if built else None), "the simulated node's torch"
-    from netmon.gpu.usable import CUDA_LINE, torch_version_py
-
     text = torch_version_py(version_py)
     if text is None:
         return None, "torch"
     found = CUDA_LINE.search(text)
     built = found.group("value").strip("'\"") if found else ""
-    version = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)", text, re.MULTILINE)
-    name = f"torch {version.group(1)}" if version else "torch"
+    name = torch_name(text)
     try:
         return CudaVersion.parse(built), name
-    except ValueError:  # None: a CPU build, which usable.torch_without_cuda names
+    except ValueError:  # None: a CPU build, which torch_build.torch_without_cuda names
         return None, name
 
 

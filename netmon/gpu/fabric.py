@@ -4,7 +4,7 @@ pynvml's answer, and the decision whether NVLS (NVLink SHARP multicast) can be t
 NVSwitch systems join each GPU to an NVLink fabric (the fabric manager registers it); NVLS
 multicast lives there. NVML documents the reading for Hopper and newer GPUs and answers
 NotSupported for a GPU in no fabric (docs/FACTS.md, "NVLink fabric"). The reading itself is
-netmon.gpu.nvml.read_fabric.
+netmon.gpu.nvml_links.read_fabric.
 """
 
 from __future__ import annotations

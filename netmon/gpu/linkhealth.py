@@ -1,8 +1,8 @@
 """PCIe and NVLink health as NVML reports it: pure readings, verdicts, parsers of nvidia-smi text.
 
-The live reader is netmon.gpu.nvml.read_link_health; it hands pynvml's raw values to the *_from_raw
-functions here, and the parsers turn recorded nvidia-smi output into the same readings. The
-exporter's link_health collector (netmon.exposition.collector) turns readings into metrics.
+The live reader is netmon.gpu.nvml_links.read_link_health; it hands pynvml's raw values to the
+*_from_raw functions here, and the parsers turn recorded nvidia-smi output into the same readings.
+The exporter's link_health collector (netmon.exposition.collector) turns readings into metrics.
 """
 
 from __future__ import annotations

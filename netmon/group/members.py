@@ -160,7 +160,7 @@ def node_transport(
 ) -> tuple[Transport, str]:
     """`round_transport` on this node, read now, and only where the answer depends on it: the
     kernel's RDMA devices and a `topo -m` topology's NICs (nvidia-smi lists RDMA devices there),
-    then NVML's fabric reading (`fabric`, netmon.gpu.nvml.read_fabric)."""
+    then NVML's fabric reading (`fabric`, netmon.gpu.nvml_links.read_fabric)."""
     if "transport" in group.model_fields_set or (backend or "gloo") != "nccl":
         return round_transport(group, backend, (), None)
     found: set[str] = {nic.device or nic.name for nic in (topology.nics if topology else ())}

@@ -27,7 +27,7 @@ from typing import Any
 
 import netmon
 from netmon import bandwidth
-from netmon.probe import cpushare, graphs, nccl_debug
+from netmon.probe import cpushare, graphs, transport_faults
 from netmon.probe.debugenv import debug_env
 from netmon.probe.forking import ForkedRank, Zygote
 from netmon.probe.processes import (
@@ -479,7 +479,7 @@ class Launcher:
         """The transports NCCL logged, and how they contradict the intent; gloo is gloo."""
         if self.spec.backend != "nccl":
             return ("gloo",), ()
-        return nccl_debug.judge_logs(sorted(workdir.glob("nccl.rank*.log")), self.spec.intent)
+        return transport_faults.judge_logs(sorted(workdir.glob("nccl.rank*.log")), self.spec.intent)
 
     # ---- results ----
 

@@ -123,7 +123,7 @@ def unsupported(
 ) -> str | None:
     """Why the variant cannot run on this node, as one line, or None when it may run.
 
-    `fabric` is NVML's fabric reading of the node (netmon.gpu.nvml.read_fabric), an empty one
+    `fabric` is NVML's fabric reading of the node (netmon.gpu.nvml_links.read_fabric), an empty one
     where NVML gave none; None means it was not asked (CPU ranks, where NCCL's variables mean
     nothing). `devices` narrows it to the probe's GPUs. `nccl` is the NCCL version ranks reported
     ("2.27.5"), when known: the daemon never loads NCCL, so it is what an earlier probe's ranks

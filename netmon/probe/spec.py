@@ -370,7 +370,7 @@ class ProbeOutcome(_Frozen):
     # The largest peak resident host memory of a rank (its ru_maxrss), torch's footprint included.
     peak_host_memory_bytes: int | None = None
     # Transport classes the ranks used (from NCCL_DEBUG=INFO; "gloo" for CPU ranks), and the
-    # ways they contradict the spec's intent (netmon.probe.nccl_debug.REASONS).
+    # ways they contradict the spec's intent (netmon.probe.transport_faults.REASONS).
     transports: tuple[str, ...] = ()
     transport_faults: tuple[str, ...] = ()
     # How its ranks started: forked by the rank zygote or spawned as new interpreters, and why

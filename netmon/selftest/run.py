@@ -244,7 +244,8 @@ class _Selftest:
 
 def _telemetry_read() -> tuple[LinkHealth, list[GpuReading]]:
     """The daemon's passive link read, then NVML's compute processes of every GPU after it."""
-    from netmon.gpu.nvml import NvmlSource, read_link_health
+    from netmon.gpu.nvml import NvmlSource
+    from netmon.gpu.nvml_links import read_link_health
 
     health = read_link_health(False)
     with NvmlSource() as source:
@@ -261,7 +262,7 @@ def _compute_processes() -> list[GpuReading]:
 
 def _fabric() -> tuple[FabricReading, ...]:
     """NVML's fabric reading, or none where NVML cannot give one (paths.unsupported's "empty")."""
-    from netmon.gpu.nvml import read_fabric
+    from netmon.gpu.nvml_links import read_fabric
 
     try:
         return read_fabric()

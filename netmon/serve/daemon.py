@@ -141,7 +141,7 @@ def _topology(config: NetmonConfig) -> Topology | None:
 
 def _fabric() -> tuple[FabricReading, ...]:
     """The node's NVLink fabric (whether nvls can run); empty, so nvls is skipped, without it."""
-    from netmon.gpu.nvml import read_fabric
+    from netmon.gpu.nvml_links import read_fabric
 
     try:
         return read_fabric()
@@ -245,7 +245,7 @@ class Daemon:
         self.telemetry: LinkTelemetry | None = None
         if config.backend == "nccl":
             if link_reader is None:
-                from netmon.gpu.nvml import read_link_health
+                from netmon.gpu.nvml_links import read_link_health
 
                 link_reader = read_link_health
             self.runner.link_health_reader = link_reader

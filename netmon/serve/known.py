@@ -1,6 +1,7 @@
 """What a configuration makes known before any probe ran: the probes whose results are judged,
-the counters pre-set to 0 for them so that increase() sees the first event, and the rank count
-of series kept from before probes could run on the idle set. Pure: configuration in, values out.
+the counters pre-set to 0 for them so that increase() sees the first event, the rank count
+of series kept from before probes could run on the idle set, and how often the PCIe links are
+read under load. Pure: configuration in, values out.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 from netmon import baseline
 from netmon.config import NetmonConfig
-from netmon.probe import crossnode, nccl_debug
+from netmon.probe import crossnode, transport_faults
 
 
 def judging_probes(config: NetmonConfig) -> list[str]:
@@ -36,7 +37,7 @@ def known_transport_faults(config: NetmonConfig) -> Iterator[tuple[str, str, str
     and for a group's rounds and node pairs the network reasons of the group's `transport`."""
     if config.backend != "nccl":
         return
-    local = [r for r in nccl_debug.REASONS if r not in crossnode.NET_REASONS]
+    local = [r for r in transport_faults.REASONS if r not in crossnode.NET_REASONS]
     transport = config.group.transport if config.group is not None else "any"
     across = crossnode.network_reasons(crossnode.INTENT_OF_TRANSPORT[transport])
     for probe in config.probes or ():
@@ -55,3 +56,14 @@ def all_ranks(config: NetmonConfig, name: str) -> int | None:
     if config.backend == "nccl":
         return len(probe.devices or config.devices or ()) or None
     return probe.ranks or config.ranks or 2
+
+
+def load_interval(config: NetmonConfig) -> float:
+    """How often the PCIe links are read under load: the shortest interval of the local
+    collectives that run the pcie path (netmon.serve.runner reads during their traffic); 0: none."""
+    found = [
+        p.interval
+        for p in config.probes or ()
+        if p.scope == "local" and p.kind == "collective" and "pcie" in p.paths
+    ]
+    return min(found, default=0.0) if config.backend == "nccl" else 0.0

@@ -6,25 +6,24 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from netmon.config import ProbeConfig
 from netmon.group.link import GroupError
 from netmon.group.members import World, lay_out
 from netmon.logs import event
 from netmon.probe.verdict import judge_pairs
+from netmon.serve.rounds import Rounds
 from netmon.topology.plan import plan_pair_rounds
-
-if TYPE_CHECKING:
-    from netmon.serve.coordinator import Coordinator
 
 log = logging.getLogger(__name__)
 
 
 class NodePairs:
-    """The node_pairs scope of a coordinator's rounds, on the coordinator's round machinery."""
+    """The node_pairs scope of a group's rounds, on the machinery of one round
+    (netmon.serve.rounds)."""
 
-    def __init__(self, rounds: Coordinator) -> None:
+    def __init__(self, rounds: Rounds) -> None:
         self.rounds = rounds
 
     def lead(self, probe: ProbeConfig) -> None:

@@ -39,11 +39,16 @@ from netmon.serve.current import CurrentConfig
 from netmon.serve.jobs_record import PROBE as JOBS
 from netmon.serve.jobs_record import JobsRecord
 from netmon.serve.keeper import BaselineKeeper
-from netmon.serve.known import all_ranks, judging_counters, judging_probes, known_transport_faults
+from netmon.serve.known import (
+    all_ranks,
+    judging_counters,
+    judging_probes,
+    known_transport_faults,
+    load_interval,
+)
 from netmon.serve.pair_record import PairRecord
 from netmon.serve.pausing import after_pause
 from netmon.serve.peer_record import PeerRecord
-from netmon.serve.telemetry import load_interval
 
 log = logging.getLogger(__name__)
 

@@ -8,29 +8,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from netmon.config import NetmonConfig
 from netmon.gpu.linkhealth import LinkHealth
-
-if TYPE_CHECKING:  # results publishes load_interval: imported only for the type
-    from netmon.serve.results import Results
+from netmon.serve.results import Results
 
 log = logging.getLogger(__name__)
 
 # A failing NVML is logged at most this often; every failure is counted.
 LOG_EVERY_S = 600.0
-
-
-def load_interval(config: NetmonConfig) -> float:
-    """How often the PCIe links are read under load: the shortest interval of the local
-    collectives that run the pcie path (netmon.serve.runner reads during their traffic); 0: none."""
-    found = [
-        p.interval
-        for p in config.probes or ()
-        if p.scope == "local" and p.kind == "collective" and "pcie" in p.paths
-    ]
-    return min(found, default=0.0) if config.backend == "nccl" else 0.0
 
 
 class LinkTelemetry:

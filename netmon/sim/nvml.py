@@ -1,6 +1,6 @@
 """NVML on a simulated node: a stand-in for the pynvml module, answering from the node file.
 
-netmon.gpu.nvml uses it exactly as it uses pynvml (it is handed over in `_session`), so every
+netmon.gpu.nvml uses it exactly as it uses pynvml (it is handed over in `session`), so every
 reader above the library is the code that runs on a GPU node. Each call is bound against the
 installed pynvml function's real signature, and constants, structs and exception classes are
 pynvml's own: a misspelt name or a wrong argument fails here as it would against libnvidia-ml.
