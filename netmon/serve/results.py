@@ -1,5 +1,8 @@
 """The daemon's record of what probes did: counters, latest results, baselines and verdicts.
 
+Each part of the record is a class of its own, called under this lock: how the runs went
+(netmon.serve.run_record), the series and their verdicts (netmon.serve.series_record), GPU pairs,
+node pairs and the jobs' traffic (pair_record, peer_record, jobs_record).
 Mutable state lives here behind one lock; the exporter only ever sees the immutable Snapshot that
 every change publishes, so a scrape never observes half an update.
 """
@@ -10,59 +13,31 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from importlib import metadata
 
 import netmon
 from netmon import baseline, sim
 from netmon.config import NetmonConfig, ProbeConfig
-from netmon.exposition.catalogue import FORK_FALLBACK_REASONS, RANK_START_METHODS
-from netmon.exposition.snapshot import (
-    GroupView,
-    PeerPoint,
-    ProbeStats,
-    SeriesPoint,
-    Snapshot,
-    SweepView,
-    forget_verdict,
-    series_points,
-    verdict_point,
-)
+from netmon.exposition.snapshot import GroupView, PeerPoint, Snapshot, SweepView
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.gpu.models import CPU_MODEL
 from netmon.inspector.files import Reading
 from netmon.inspector.shapes import Round
 from netmon.probe.pairs import PairOutcome, PairSkip
-from netmon.probe.spec import ProbeOutcome, SizeResult
+from netmon.probe.spec import ProbeOutcome
 from netmon.probe.verdict import LinkVerdict
 from netmon.serve.current import CurrentConfig
-from netmon.serve.jobs_record import PROBE as JOBS
 from netmon.serve.jobs_record import JobsRecord
 from netmon.serve.keeper import BaselineKeeper
-from netmon.serve.known import (
-    all_ranks,
-    judging_counters,
-    judging_probes,
-    known_transport_faults,
-    load_interval,
-)
+from netmon.serve.known import all_ranks, load_interval
 from netmon.serve.pair_record import PairRecord
 from netmon.serve.pausing import after_pause
 from netmon.serve.peer_record import PeerRecord
+from netmon.serve.run_record import RunRecord
+from netmon.serve.series_record import SeriesRecord
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Tally:
-    runs: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
-    skips: dict[str, int] = field(default_factory=dict)
-    last_success: float | None = None
-    last_run: float | None = None
-    duration_s: float | None = None
-    busy_seconds: float = 0.0
-    peak_device_memory: int | None = None
 
 
 class Results:
@@ -78,18 +53,13 @@ class Results:
         self._keeper = keeper
         self._book = keeper.book
         self._lock = threading.Lock()
-        self._tallies = {p.name: _Tally() for p in config.probes or ()}
-        self._points: dict[tuple[str, str, int, str, int], SeriesPoint] = {}
-        self._build = {"version": netmon.__version__, "torch": _torch_version(), "nccl": ""}
+        self._runs = RunRecord(config)
+        self._series = SeriesRecord(config, self._book)
+        self._build = {"version": netmon.__version__, "torch": _torch_version()}
         self._simulated = sim.active() is not None
         self._gpu_model = gpu_model  # read once at start (netmon.gpu.models)
         self._started_at = time.time()
         self._pairs = PairRecord(config)
-        self._transports: dict[tuple[str, str], tuple[str, ...]] = {}
-        # Known mismatch reasons start at 0 on GPU nodes, so increase() sees the first one.
-        self._transport_faults: dict[tuple[str, str, str], int] = dict.fromkeys(
-            known_transport_faults(config), 0
-        )
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: LinkHealth | None = None
         self._link_load: LinkHealth | None = None
@@ -98,11 +68,7 @@ class Results:
         self._reload_ok = True
         self._reload_failures = 0
         self._reloaded_at = time.time()
-        self._rank_starts = dict.fromkeys(RANK_START_METHODS, 0)
-        self._fork_fallbacks = dict.fromkeys(FORK_FALLBACK_REASONS, 0)
         self._zygote_starts = 0
-        # Pre-set to 0 for every probe that judges results, so that increase() sees the first.
-        self._inconclusive = judging_counters(config, {})
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts = PeerRecord()
         self._group_rejected: dict[str, int] = {}
@@ -110,8 +76,6 @@ class Results:
         self._jobs = JobsRecord(config.inspector, self._book) if config.inspector else None
         if self._jobs is not None:
             self._jobs.adopt(self._book.series())
-        # Results of judged series, conclusive or not: the disturbed share's denominator.
-        self._series_results = dict.fromkeys(judging_probes(config), 0)
         self._book.adopt_ranks(lambda name: all_ranks(config, name))
         self._snapshot = self._build_snapshot()
         current.on_change(self.reconfigure)
@@ -131,21 +95,18 @@ class Results:
 
     def skip(self, probe: str, reason: str) -> None:
         with self._lock:
-            tally = self._tally(probe)
-            tally.skips[reason] = tally.skips.get(reason, 0) + 1
+            self._runs.skipped(probe, reason)
             self._snapshot = self._build_snapshot()
 
     def failed_internally(self, probe: str) -> None:
         """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
         with self._lock:
-            tally = self._tally(probe)
-            tally.failures["internal"] = tally.failures.get("internal", 0) + 1
-            tally.last_run = time.time()
+            self._runs.failed_internally(probe, time.time())
             self._snapshot = self._build_snapshot()
 
     def started(self, probe: str) -> None:
         with self._lock:
-            self._tally(probe).runs += 1
+            self._runs.started(probe)
             self._snapshot = self._build_snapshot()
 
     def set_topology(self, pairs: Sequence[tuple[int, int, str]]) -> None:
@@ -153,21 +114,12 @@ class Results:
             self._topology = tuple(pairs)
             self._snapshot = self._build_snapshot()
 
-    def _tally(self, probe: str) -> _Tally:
-        # A run of a probe that a reload removed may still end: count it, then let it go.
-        return self._tallies.setdefault(probe, _Tally())
-
     def reconfigure(self, config: NetmonConfig) -> None:
         """A reloaded configuration: new probes start counting, removed ones disappear."""
         with self._lock:
             names = {p.name for p in config.probes or ()}
-            self._tallies = {n: self._tallies.get(n, _Tally()) for n in sorted(names)}
-            self._points = {k: v for k, v in self._points.items() if k[0] in names}
-            # A probe a reload added counts from 0 like one present at start; a removed one goes.
-            self._inconclusive = judging_counters(config, self._inconclusive)
-            self._series_results = {
-                p: self._series_results.get(p, 0) for p in judging_probes(config)
-            }
+            self._runs.reconfigure(names)
+            self._series.reconfigure(config, names)
             self._pairs.reconfigure(config)
             self._peer_verdicts.reconfigure(names)
             self._snapshot = self._build_snapshot()
@@ -242,7 +194,7 @@ class Results:
         if self._jobs is None:
             return
         with self._lock:
-            for key, verdict in self._jobs.took(round_, reading, now, self._points):
+            for key, verdict in self._jobs.took(round_, reading, now, self._series.points):
                 if verdict.changed:
                     _log_change(key, verdict)
             self._snapshot = self._build_snapshot()
@@ -260,31 +212,6 @@ class Results:
             self._link_read_errors += 1
             self._snapshot = self._build_snapshot()
 
-    def _account(self, probe: str, outcome: ProbeOutcome, now: float) -> None:
-        """Cost, memory, versions, transports and the failure reason of one launched probe."""
-        tally = self._tally(probe)
-        tally.last_run = now
-        tally.busy_seconds += outcome.wall_s * max(len(outcome.spec.devices), outcome.spec.ranks)
-        if outcome.peak_device_memory_bytes is not None:
-            tally.peak_device_memory = outcome.peak_device_memory_bytes
-        if outcome.environment and outcome.environment.nccl:
-            self._build["nccl"] = outcome.environment.nccl
-        if outcome.failure is not None:
-            reason = outcome.failure.reason
-            tally.failures[reason] = tally.failures.get(reason, 0) + 1
-        self._rank_starts["fork"] += outcome.ranks_forked
-        self._rank_starts["spawn"] += outcome.ranks_spawned
-        if outcome.fork_fallback is not None:
-            why = outcome.fork_fallback
-            self._fork_fallbacks[why] = self._fork_fallbacks.get(why, 0) + 1
-
-    def _note_transports(self, probe: str, path: str, outcome: ProbeOutcome) -> None:
-        if outcome.transports:
-            self._transports[(probe, path)] = outcome.transports
-        for reason in outcome.transport_faults:
-            key = (probe, path, reason)
-            self._transport_faults[key] = self._transport_faults.get(key, 0) + 1
-
     def finished(
         self,
         probe: ProbeConfig,
@@ -297,22 +224,22 @@ class Results:
         `path` labels its results and transports: the path the outcome ran on unless given.
         """
         path = outcome.spec.path if path is None else path
-        verdicts = []
+        verdicts: list[baseline.Verdict] = []
         with self._lock:
             now = time.time()
             # The probe did not run for over two intervals (paused, its GPUs held by jobs):
             # its ranks and devices are cold again, as after a start.
-            previous = self._tally(probe.name).last_run
+            previous = self._runs.last_run(probe.name)
             paused = previous is not None and after_pause(
                 previous, now - outcome.wall_s, probe.interval, probe.effective_jitter
             )
-            self._account(probe.name, outcome, now)
-            self._tally(probe.name).duration_s = outcome.wall_s
-            self._note_transports(probe.name, path, outcome)
-            if outcome.failure is None:
-                self._tally(probe.name).last_success = now
-                if export:
-                    verdicts = self._learn(probe, outcome, now, path, paused)
+            self._runs.launched(probe.name, path, outcome, now)
+            self._runs.finished(probe.name, outcome.wall_s, now, outcome.failure is None)
+            if outcome.failure is None and export:
+                for key, verdict in self._series.learn(probe, outcome, now, path, paused):
+                    if verdict.changed:
+                        _log_change(key, verdict)
+                    verdicts.append(verdict)
             self._snapshot = self._build_snapshot()
         self._keep_state()
         return verdicts
@@ -331,47 +258,12 @@ class Results:
         with self._lock:
             now = time.time()
             for item in results:
-                self._account(probe.name, item.outcome, now)
-                self._note_transports(probe.name, item.path, item.outcome)
-            tally = self._tally(probe.name)
-            tally.duration_s = duration_s
-            if results and all(item.outcome.ok for item in results):
-                tally.last_success = now
+                self._runs.launched(probe.name, item.path, item.outcome, now)
+            succeeded = bool(results) and all(item.outcome.ok for item in results)
+            self._runs.finished(probe.name, duration_s, now, succeeded)
             verdict = self._pairs.sweep(probe, results, now)
             self._snapshot = self._build_snapshot()
         return verdict
-
-    def _learn(
-        self, probe: ProbeConfig, outcome: ProbeOutcome, now: float, path: str, paused: bool
-    ) -> list[baseline.Verdict]:
-        verdicts: list[baseline.Verdict] = []
-
-        # Other work on the cores disturbs CPU ranks; a GPU's collective does not wait for the
-        # host's cores the same way, and a job on its GPU preempts the probe (never judged).
-        on_cpu = outcome.spec.backend == "gloo"
-
-        def judge(key: baseline.BaselineKey, result: SizeResult) -> baseline.Verdict:
-            foreign = result.foreign_cpu_share if on_cpu else None
-            verdict = self._book.observe(
-                key, result.busbw_bytes_per_second, result.cv, foreign, at=now, resettle=paused
-            )
-            # Only judged series: a size that is never judged loses nothing. Only probes still
-            # configured: a run that ends after a reload removed its probe is not re-created.
-            # Every result counts in the denominator, conclusive or not.
-            if verdict.judged and probe.name in self._series_results:
-                self._series_results[probe.name] += 1
-                if verdict.inconclusive:
-                    self._inconclusive[(probe.name, verdict.inconclusive)] += 1
-            if verdict.changed:
-                _log_change(key, verdict)
-            verdicts.append(verdict)
-            return verdict
-
-        for point in series_points(
-            outcome, probe.name, now, path=path, min_busbw=probe.min_busbw, judge=judge
-        ):
-            self._points[point.key] = point
-        return verdicts
 
     def _keep_state(self) -> None:
         """Take the operator's rebaseline requests, then save the book."""
@@ -379,11 +271,7 @@ class Results:
         if forgotten:
             with self._lock:
                 # Their points show no verdict until their next result.
-                jobs = self._jobs.points if self._jobs is not None else {}
-                for key in forgotten:
-                    for points in (self._points, jobs):
-                        if key in points:
-                            points[key] = forget_verdict(points[key])
+                self._series.forget(forgotten, self._jobs.points if self._jobs is not None else {})
                 self._snapshot = self._build_snapshot()
         self._keeper.save()
 
@@ -393,37 +281,13 @@ class Results:
 
     def _build_snapshot(self) -> Snapshot:
         config = self._current.get()
-        probes = {}
-        for probe in config.probes or ():
-            tally = self._tally(probe.name)
-            probes[probe.name] = ProbeStats(
-                runs=tally.runs,
-                failures=dict(tally.failures),
-                skips=dict(tally.skips),
-                last_success=tally.last_success,
-                last_run=tally.last_run,
-                duration_s=tally.duration_s,
-                busy_seconds=tally.busy_seconds,
-                peak_device_memory=tally.peak_device_memory,
-                interval_s=probe.interval,
-            )
+        probes = self._runs.probe_stats(config)
         jobs = self._jobs.points if self._jobs is not None else {}
-        points = tuple(self._points[key] for key in sorted(self._points))
-        points += tuple(jobs[key] for key in sorted(jobs))
-        restored = tuple(
-            verdict_point(key, verdict)
-            for key, verdict in sorted(self._book.verdicts().items())
-            # A probe a new configuration removed keeps its state (it may come back), but its
-            # series are not exported: a degraded one would page forever. A shape of the jobs'
-            # traffic not seen since the start shows only while degraded (bounded: max_shapes).
-            if key not in self._points
-            and (key[0] in probes or (key[0] == JOBS and verdict.degraded and key not in jobs))
-        )
         return Snapshot(
-            series=points,
-            restored=restored,
+            series=self._series.exported(jobs),
+            restored=self._series.restored(probes, jobs),
             probes=probes,
-            build=dict(self._build),
+            build=dict(self._build, nccl=self._runs.nccl),
             simulated=self._simulated,
             started_at=self._started_at,
             links=self._pairs.links,
@@ -431,12 +295,8 @@ class Results:
             pair_members=dict(self._pairs.members),
             gpu_streaks={name: dict(s) for name, s in self._pairs.gpu_streaks.items()},
             topology=self._topology,
-            transports=tuple(
-                (probe, path, transport)
-                for (probe, path), found in sorted(self._transports.items())
-                for transport in found
-            ),
-            transport_faults=dict(self._transport_faults),
+            transports=self._runs.transports(),
+            transport_faults=self._runs.transport_faults(),
             pair_skips=dict(self._pairs.skips),
             link_health=self._link_health,
             link_load=self._link_load,
@@ -449,14 +309,14 @@ class Results:
             peer_verdicts=dict(self._peer_verdicts.verdicts),
             group_rejected=dict(self._group_rejected),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
-            rank_starts=dict(self._rank_starts),
-            fork_fallbacks=dict(self._fork_fallbacks),
+            rank_starts=self._runs.rank_starts(),
+            fork_fallbacks=self._runs.fork_fallbacks(),
             zygote_starts=self._zygote_starts,
-            inconclusive=dict(self._inconclusive),
-            series_results=dict(self._series_results),
+            inconclusive=dict(self._series.inconclusive),
+            series_results=dict(self._series.series_results),
             baseline_restored=self._keeper.restored,
             state_write_errors=self._keeper.write_errors,
-            reference_resets=self._keeper.resets(self._series_results),
+            reference_resets=self._keeper.resets(self._series.series_results),
             sweep=self._sweep,
             jobs=self._jobs.view() if self._jobs is not None else None,
             gpu_model=self._gpu_model,
