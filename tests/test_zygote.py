@@ -379,6 +379,12 @@ def test_the_daemon_survives_its_zygote_and_counts_it(
         "a run after the kill to succeed",
     )
     assert daemon.value("netmon_zygote_starts_total") == 2
+    # What the runs cost the CPUs, by phase: the reaper's exit figure too, for the ranks of the
+    # run after the kill, which the new zygote reaped.
+    for phase in ("start", "rendezvous", "init", "measure", "exit"):
+        cpu = daemon.value("netmon_probe_rank_cpu_seconds_total", probe="long", phase=phase)
+        assert cpu is not None and cpu > 0, phase
+    assert daemon.value("netmon_probe_rank_cpu_seconds_total", probe="long", phase="check") == 0
     assert daemon.value("netmon_rank_starts_total", method="spawn") == 0
     assert daemon.value("netmon_rank_fork_fallbacks_total", reason="unavailable") == 0
     assert daemon.stop(timeout=15) == 0
