@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from netmon.sweep.locate.fabric import Fabric, Hop, cable
+from netmon.sweep.locate.fabric import Cable, Fabric, Hop, Link, Uplink
 from netmon.sweep.locate.plan import PairPlan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ class Noise:
 
 @dataclass(frozen=True)
 class Fault:
-    link: str  # a cable (node/railK) or an uplink (leaf~spine)
+    link: Link  # a cable or an uplink
     factor: float  # the link's rate over its healthy rate while the fault shows
     flap: float = 1.0  # the share of measurements in which it shows
     switch: str | None = None  # the leaf or spine whose every uplink this fault slows
@@ -74,7 +74,7 @@ class Fault:
     def kind(self) -> str:
         if self.switch is not None:
             return "switch"
-        return "uplink" if "~" in self.link else "node-cable"
+        return "uplink" if isinstance(self.link, Uplink) else "node-cable"
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Network:
         ]
 
     def _rail(
-        self, nodes: Sequence[str], rail: int, load: Counter[Hop], by_link: dict[str, Fault]
+        self, nodes: Sequence[str], rail: int, load: Counter[Hop], by_link: dict[Link, Fault]
     ) -> float:
         """One measurement: a pair measuring `repeats` times the usual length is modelled as
         the median of that many independent ones (noise and flapping drawn for each)."""
@@ -113,11 +113,11 @@ class Network:
         for hop in self.fabric.pair_hops(nodes, rail):
             share = min(share, self._health(hop.link, by_link) / load[hop])
         for node in nodes:
-            share = min(share, self._health(cable(node, rail), by_link))
+            share = min(share, self._health(Cable(node, rail), by_link))
         speed = min(self.speed.get(node, 1.0) for node in nodes)
         return self.line_rate * speed * share * self.noise.draw(self.rng)
 
-    def _health(self, link: str, by_link: dict[str, Fault]) -> float:
+    def _health(self, link: Link, by_link: dict[Link, Fault]) -> float:
         fault = by_link.get(link)
         if fault is None or self.rng.random() >= fault.flap:
             return 1.0

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon_bench import Daemon, log, parse_samples
+from daemon_process import Daemon, log
+from scrapes import parse_samples
 
 SeriesId = str  # "probe/op/size_bytes/path/ranks"
 LABELS = ("probe", "op", "size_bytes", "path", "ranks")

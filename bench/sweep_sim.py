@@ -38,7 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from netmon.baseline.book import BaselineBook
-from netmon.sweep.locate.fabric import ROUTINGS, Fabric, cable, rail_optimised
+from netmon.sweep.locate.fabric import ROUTINGS, Cable, Fabric, Link, rail_optimised
 from netmon.sweep.locate.judge import Rules
 from netmon.sweep.locate.localise import Localiser, Suspect
 from netmon.sweep.locate.plan import SweepNode
@@ -122,11 +122,12 @@ def draw_faults(
     if kinds is None:  # multi
         kinds = [rng.choice(["cable", "uplink"]) for _ in range(3)]
     faults: list[Fault] = []
-    taken: set[str] = set()
+    taken: set[Link] = set()
     for kind in kinds:
         while True:
+            link: Link
             if kind == "cable":
-                link = cable(rng.choice(nodes).name, rng.randrange(setup.rails))
+                link = Cable(rng.choice(nodes).name, rng.randrange(setup.rails))
             else:
                 link = rng.choice(fabric.all_uplinks())
             if link not in taken:
@@ -139,14 +140,12 @@ def draw_faults(
 
 def _switch_fault(setup: Setup, fabric: Fabric, rng: random.Random) -> list[Fault]:
     """One leaf or spine slow on all its uplinks (one slowdown for the whole switch)."""
-    uplinks = [link.partition("~") for link in fabric.all_uplinks()]
-    side = 0 if setup.fault == "leaf" else 2
-    switch = rng.choice(sorted({parts[side] for parts in uplinks}))
+    uplinks = fabric.all_uplinks()
+    side = 0 if setup.fault == "leaf" else 1
+    switch = rng.choice(sorted({link.ends[side] for link in uplinks}))
     factor = 1.0 - rng.uniform(*setup.slowdown)
     return [
-        Fault(f"{leaf}~{spine}", factor, setup.flap, switch)
-        for leaf, _, spine in uplinks
-        if (leaf, spine)[side // 2] == switch
+        Fault(link, factor, setup.flap, switch) for link in uplinks if link.ends[side] == switch
     ]
 
 
@@ -155,11 +154,11 @@ def draw_flapping(
 ) -> list[Fault]:
     """Healthy-looking cables that fail half their measurements (a marginal transceiver):
     beside the fault, never on its node."""
-    faulty = {f.link.partition("/")[0] for f in faults}
-    chosen: set[str] = set()
+    faulty = {f.link.node for f in faults if isinstance(f.link, Cable)}
+    chosen: set[Cable] = set()
     candidates = [n.name for n in nodes if n.name not in faulty]
     while len(chosen) < min(setup.flapping, len(candidates)):
-        chosen.add(cable(rng.choice(candidates), rng.randrange(setup.rails)))
+        chosen.add(Cable(rng.choice(candidates), rng.randrange(setup.rails)))
     return [Fault(link, 0.5, FLAPPING_SHARE) for link in sorted(chosen)]
 
 
@@ -204,20 +203,18 @@ def _matches(suspect: Suspect, fault: Fault) -> bool:
     if fault.switch is not None:
         return suspect.kind == "switch" and suspect.node == fault.switch
     if suspect.kind == "uplink":
-        return fault.link == f"{suspect.node}~{suspect.peer}"
+        return fault.link == suspect.uplink
     if suspect.kind == "node":
-        return any(fault.link == cable(suspect.node, rail) for rail in suspect.rails)
+        return any(fault.link == Cable(suspect.node, rail) for rail in suspect.rails)
     if suspect.kind == "path":  # the path through a bad cable: its end is named with it
         ends = (suspect.node, suspect.peer or "")
-        return any(fault.link == cable(end, rail) for end in ends for rail in suspect.rails)
+        return any(fault.link == Cable(end, rail) for end in ends for rail in suspect.rails)
     return False
 
 
 def _on_switch(suspect: Suspect, faults: list[Fault]) -> bool:
     """An uplink of the slow switch named on its own: not the answer, not a healthy link."""
-    return suspect.kind == "uplink" and any(
-        f.link == f"{suspect.node}~{suspect.peer}" for f in faults
-    )
+    return suspect.kind == "uplink" and any(f.link == suspect.uplink for f in faults)
 
 
 def score(

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -35,16 +36,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon_bench import _PROBE_OK, Daemon, log, parse_samples
-from probe_vs_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
+from daemon_process import PROBE_OK, Daemon, log
+from plain_loop import BATCH, BATCHED_ITERS, FLOAT32_BYTES, HOST, WARMUP, _free_port, _plain_env
+from scrapes import parse_samples
 
 from netmon.probe.processes import descendants_of
+from netmon.probe.rankcpu import CPU_PHASES
 
 TICKS = os.sysconf("SC_CLK_TCK")
 TARGET_CPU_S, TARGET_WALL_S = 0.5, 1.0  # per small run, on this 2-core machine (issue 14)
 SIZES = (8, 1024)  # the probe's, as in config() below
 INTERVAL_S = 1.0
 METHODS = ("zygote", "spawn", "floor")
+RANK_CPU = re.compile(r"probe ok .*?rank_cpu=(\S+)")
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -60,16 +64,47 @@ def tree_cpu_s(pid: int) -> float:
     return total / TICKS
 
 
-def zygote_cpu_s(pid: int) -> float | None:
-    """The zygote's own CPU time: its torch import, paid once per daemon."""
+def _times(pid: int) -> tuple[float, float]:
+    """A process's own CPU time and its reaped children's (/proc/PID/stat: utime + stime,
+    cutime + cstime), or zeros once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS, (int(fields[13]) + int(fields[14])) / TICKS
+
+
+def zygote_pid(pid: int) -> int | None:
     for member in descendants_of(pid):
         try:
             if b"netmon.probe.zygote" in Path(f"/proc/{member}/cmdline").read_bytes():
-                fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / TICKS
+                return member
         except OSError:
             continue
     return None
+
+
+def parts_cpu_s(daemon_pid: int) -> dict[str, float]:
+    """The outside figure by part: the daemon itself, the zygote itself, and the ranks it reaped
+    (its children's time; spawned ranks are the daemon's children)."""
+    own, children = _times(daemon_pid)
+    zygote = zygote_pid(daemon_pid)
+    z_own, z_children = _times(zygote) if zygote is not None else (0.0, 0.0)
+    return {
+        "daemon": own,
+        "zygote": z_own,
+        "ranks": z_children + children,
+        "tree": tree_cpu_s(daemon_pid),
+    }
+
+
+def rank_phases(log_text: str, skip: int) -> list[dict[str, float]]:
+    """Each run's rank CPU by phase, as the daemon logged it (netmon.probe.rankcpu), after the
+    first `skip` runs."""
+    runs = []
+    for match in RANK_CPU.findall(log_text)[skip:]:
+        runs.append({k: float(v) for k, v in (part.split(":") for part in match.split(","))})
+    return runs
 
 
 def runs(daemon: Daemon) -> float:
@@ -89,19 +124,23 @@ def config(workdir: Path, method: str) -> dict[str, Any]:
     }
 
 
-def phase(method: str, window_s: float) -> dict[str, Any]:
+def phase(method: str, window_s: float, baseline: str | None = None) -> dict[str, Any]:
+    """One way's window; `baseline` is ranks forked by the zygote of another checkout's netmon."""
     with tempfile.TemporaryDirectory(prefix="netmon-zygote-bench-") as directory:
         workdir = Path(directory)
-        daemon = Daemon(workdir, config(workdir, method))
+        start = "zygote" if method == "baseline" else method
+        daemon = Daemon(workdir, config(workdir, start), baseline if method == "baseline" else None)
         try:
             deadline = time.monotonic() + 120
             while runs(daemon) < 2:  # the first run finished, the second begun
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no run within 120 s: {daemon.log()[-1500:]}")
                 time.sleep(0.2)
-            zygote_s = zygote_cpu_s(daemon.proc.pid)
-            before_log = len(_PROBE_OK.findall(daemon.log()))
-            cpu0, runs0, t0 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
+            zygote = zygote_pid(daemon.proc.pid)
+            zygote_s = _times(zygote)[0] if zygote is not None else None
+            before_log = len(PROBE_OK.findall(daemon.log()))
+            parts0 = parts_cpu_s(daemon.proc.pid)
+            cpu0, runs0, t0 = parts0["tree"], runs(daemon), time.monotonic()
             time.sleep(window_s)
             # At least one run in the window, however long a run takes on a loaded host (a
             # spawned one took 5.2 s beside a CPU hog): a window of none measures nothing.
@@ -110,8 +149,11 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no run within 120 s: {daemon.log()[-1500:]}")
                 time.sleep(0.05)
-            cpu1, runs1, t1 = tree_cpu_s(daemon.proc.pid), runs(daemon), time.monotonic()
-            walls = [float(w) for _, w in _PROBE_OK.findall(daemon.log())[before_log:]]
+            parts1 = parts_cpu_s(daemon.proc.pid)
+            cpu1, runs1, t1 = parts1["tree"], runs(daemon), time.monotonic()
+            text = daemon.log()
+            walls = [float(w) for _, w in PROBE_OK.findall(text)[before_log:]]
+            phases = rank_phases(text, before_log)
         finally:
             code, _ = daemon.stop()
             leftovers = daemon.kill_leftovers()
@@ -125,11 +167,29 @@ def phase(method: str, window_s: float) -> dict[str, Any]:
         "wall_s_median": round(statistics.median(walls), 4) if walls else None,
         "wall_s_max": round(max(walls), 4) if walls else None,
         "zygote_start_cpu_s": zygote_s,
+        # Outside, by part (per run): the parts add up to cpu_s_per_run.
+        "outside_cpu_s_per_run": {
+            part: round((parts1[part] - parts0[part]) / counted, 4) if counted else None
+            for part in ("daemon", "zygote", "ranks")
+        },
+        # Inside: what the ranks marked and their reaper added, the mean run in the window
+        # (the runs logged there, which can differ from those counted by one at either end).
+        "inside_rank_cpu_s_per_run": _mean_phases(phases),
         "exit_code": code,
         "leftover_processes": leftovers,
     }
     log(f"{method}: {result}")
     return result
+
+
+def _mean_phases(runs: list[dict[str, float]]) -> dict[str, float] | None:
+    if not runs:
+        return None
+    names = [phase for phase in CPU_PHASES if any(phase in run for run in runs)]
+    mean = {
+        phase: round(sum(run.get(phase, 0.0) for run in runs) / len(runs), 4) for phase in names
+    }
+    return {**mean, "total": round(sum(mean.values()), 4)}
 
 
 # ---- the floor: the probe's collectives alone, in two long-lived processes ----
@@ -218,27 +278,57 @@ def floor_phase(window_s: float) -> dict[str, Any]:
     return result
 
 
+def _median_of(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = [k for k in dicts[0] if all(d.get(k) is not None for d in dicts)] if dicts else []
+    return {k: round(statistics.median(d[k] for d in dicts), 4) for k in keys}
+
+
+def _breakdown(mine: list[dict[str, Any]]) -> dict[str, Any]:
+    """The zygote's figure by part from outside and by phase from inside, medians over phases,
+    and how far the ranks' two figures lie apart (they count the same CPU: wait4's rusage is
+    what the zygote's cutime adds up)."""
+    outside = _median_of([p["outside_cpu_s_per_run"] for p in mine])
+    inside = _median_of(
+        [p["inside_rank_cpu_s_per_run"] for p in mine if p.get("inside_rank_cpu_s_per_run")]
+    )
+    gap = None
+    if "ranks" in outside and "total" in inside and outside["ranks"]:
+        gap = round((inside["total"] - outside["ranks"]) / outside["ranks"], 3)
+    return {
+        "outside_by_part": outside,
+        "inside_rank_by_phase": inside,
+        "inside_vs_outside_ranks": gap,
+    }
+
+
 def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
-    by: dict[str, dict[str, float]] = {}
-    for method in METHODS:
+    by: dict[str, dict[str, Any]] = {}
+    methods = [m for m in (*METHODS, "baseline") if any(p["method"] == m for p in phases)]
+    for method in methods:
         mine = [p for p in phases if p["method"] == method and p["cpu_s_per_run"] is not None]
         by[method] = {"cpu_s_per_run_median": statistics.median(p["cpu_s_per_run"] for p in mine)}
         if method != "floor":
             by[method]["wall_s_median"] = statistics.median(p["wall_s_median"] for p in mine)
-    zygote, spawn, floor = by["zygote"], by["spawn"], by["floor"]["cpu_s_per_run_median"]
-    for method in ("zygote", "spawn"):
+    for method in ("zygote", "baseline"):
+        if method in by:
+            by[method].update(_breakdown([p for p in phases if p["method"] == method]))
+    zygote, floor = by["zygote"], by["floor"]["cpu_s_per_run_median"]
+    for method in set(methods) - {"floor"}:
         by[method]["overhead_cpu_s_per_run"] = round(by[method]["cpu_s_per_run_median"] - floor, 4)
+    compared: dict[str, Any] = {}
+    if "baseline" in by:
+        base = by["baseline"]
+        compared["zygote_minus_baseline_cpu_s_per_run"] = round(
+            zygote["cpu_s_per_run_median"] - base["cpu_s_per_run_median"], 4
+        )
+        compared["ratio_zygote_over_baseline_overhead"] = round(
+            zygote["overhead_cpu_s_per_run"] / base["overhead_cpu_s_per_run"], 3
+        )
+    if "spawn" in by:
+        compared["ratio_spawn_over_zygote"] = _spawn_ratios(by["spawn"], zygote)
     return {
         **by,
-        "ratio_spawn_over_zygote": {
-            "cpu_s_per_run": round(
-                spawn["cpu_s_per_run_median"] / zygote["cpu_s_per_run_median"], 2
-            ),
-            "wall_s": round(spawn["wall_s_median"] / zygote["wall_s_median"], 2),
-            "overhead_cpu_s_per_run": round(
-                spawn["overhead_cpu_s_per_run"] / zygote["overhead_cpu_s_per_run"], 1
-            ),
-        },
+        **compared,
         "floor_share_of_zygote_cpu": round(floor / zygote["cpu_s_per_run_median"], 3),
         "targets": {"cpu_s_per_run": TARGET_CPU_S, "wall_s": TARGET_WALL_S},
         "zygote_within_targets": zygote["cpu_s_per_run_median"] <= TARGET_CPU_S
@@ -246,22 +336,46 @@ def summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _spawn_ratios(spawn: dict[str, Any], zygote: dict[str, Any]) -> dict[str, float]:
+    return {
+        "cpu_s_per_run": round(spawn["cpu_s_per_run_median"] / zygote["cpu_s_per_run_median"], 2),
+        "wall_s": round(spawn["wall_s_median"] / zygote["wall_s_median"], 2),
+        "overhead_cpu_s_per_run": round(
+            spawn["overhead_cpu_s_per_run"] / zygote["overhead_cpu_s_per_run"], 1
+        ),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--phases", type=int, default=4, help="phases per method (default 4)")
     parser.add_argument("--window", type=float, default=40.0, help="seconds per phase window")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="the ways to measure, in turn (default zygote,spawn,floor; zygote and floor needed)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="another checkout (git worktree add DIR COMMIT): its netmon is measured too, as "
+        "method baseline, in turn with this one's",
+    )
     parser.add_argument("--floor-rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_rank is not None:
         floor_rank(args.floor_rank, args.port)
         return 0
+    methods = [m for m in args.methods.split(",") if m] + (["baseline"] if args.baseline else [])
+    if not {"zygote", "floor"} <= set(methods) or not set(methods) <= {*METHODS, "baseline"}:
+        parser.error(f"--methods: zygote and floor, and spawn if you like (got {args.methods})")
     order: list[str] = []
     for i in range(args.phases):
         # Each way takes each place in the order in turn.
-        order += [METHODS[(i + j) % len(METHODS)] for j in range(len(METHODS))]
+        order += [methods[(i + j) % len(methods)] for j in range(len(methods))]
     phases = [
-        floor_phase(args.window) if method == "floor" else phase(method, args.window)
+        floor_phase(args.window) if method == "floor" else phase(method, args.window, args.baseline)
         for method in order
     ]
     document = {

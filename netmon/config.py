@@ -48,6 +48,20 @@ from netmon.group.members import GroupConfig
 from netmon.inspector.settings import InspectorConfig
 from netmon.probe.paths import check_names, check_op
 from netmon.probe.spec import Backend, Timing
+from netmon.schema import (
+    ANY_TEXT,
+    DURATION_TEXT,
+    INTEGER,
+    RATE_TEXT,
+    SIZE_SWEEP,
+    SIZE_TEXT,
+    SIZES_TEXT,
+    JsonDict,
+    also,
+    both,
+    items_also,
+    self_contained,
+)
 from netmon.sweep.settings import SweepConfig
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -83,13 +97,24 @@ def _devices(value: object) -> object:
     return value
 
 
+# The schema's side of _devices: a list of indexes or UUIDs, one of them, or "0,1".
+_DEVICES = both(items_also(INTEGER), also(ANY_TEXT, INTEGER))
+
+
 class ProbeConfig(_Strict):
     name: str
     op: OpName = "all_reduce"
-    sizes: tuple[int, ...]
-    interval: float = Field(60.0, gt=0)
-    jitter: float | None = Field(None, ge=0, description="seconds; default 10% of the interval")
-    timeout: float = Field(300.0, gt=0)
+    sizes: tuple[int, ...] = Field(
+        json_schema_extra=both(items_also(SIZE_TEXT), also(SIZES_TEXT, INTEGER, SIZE_SWEEP))
+    )
+    interval: float = Field(60.0, gt=0, json_schema_extra=also(DURATION_TEXT))
+    jitter: float | None = Field(
+        None,
+        ge=0,
+        description="seconds; default 10% of the interval",
+        json_schema_extra=also(DURATION_TEXT),
+    )
+    timeout: float = Field(300.0, gt=0, json_schema_extra=also(DURATION_TEXT))
     dtype: DTypeName = "float32"
     warmup: int = Field(5, ge=0)
     warmup_s: float | None = Field(None, ge=0, le=60)  # GPUs: 0.1 s (probe.build), 0 for none
@@ -99,10 +124,15 @@ class ProbeConfig(_Strict):
     cuda_graph: Literal["auto", "off"] = "auto"  # small sizes on NCCL timed from a CUDA graph
     rank_stat: RankStat = "max"  # a sample's time: the slowest rank's, or the mean (nccl-tests)
     chunks: int = Field(1, ge=1)
-    devices: tuple[str, ...] | None = None  # default: the node's devices
+    devices: tuple[str, ...] | None = Field(None, json_schema_extra=_DEVICES)  # default: all
     ranks: int | None = Field(None, ge=1)  # gloo: CPU ranks; default: the node's
     env: dict[str, str] = Field(default_factory=dict)
-    min_busbw: float | None = Field(None, ge=0, description="bytes/s; decimal suffixes: 1.5G")
+    min_busbw: float | None = Field(
+        None,
+        ge=0,
+        description="bytes/s; decimal suffixes: 1.5G",
+        json_schema_extra=also(RATE_TEXT),
+    )
     check: bool = False
     # collective: the op over all devices; pairs: every GPU pair as a 2-rank world, in rounds.
     kind: Literal["collective", "pairs"] = "collective"
@@ -112,7 +142,7 @@ class ProbeConfig(_Strict):
     scope: Literal["local", "group", "group_one_gpu", "node_pairs"] = "local"
     # Path variants, each in its own rank processes and exported with its `path` label:
     # default, pcie (P2P off: the host-memory path), ring, tree, nvls (netmon.probe.paths).
-    paths: tuple[str, ...] = ("default",)
+    paths: tuple[str, ...] = Field(("default",), json_schema_extra=also(ANY_TEXT))
     # pairs: a pair is suspect under this fraction of its path class's median busbw.
     suspect_ratio: float = Field(0.7, gt=0, le=1)
     # pairs: run the plan this many times and judge each pair's best (noise only slows).
@@ -156,9 +186,10 @@ class ProbeConfig(_Strict):
     @classmethod
     def _sizes(cls, value: object) -> object:
         if isinstance(value, Mapping):
-            extra = set(value) - {"min", "max", "factor"}
+            extra = ", ".join(sorted(map(str, set(value) - {"min", "max", "factor"})))
             if extra or "min" not in value or "max" not in value:
-                raise ValueError("a sweep is {min: 8, max: 64K, factor: 2}")
+                unknown = f"unknown key {extra}: " if extra else ""
+                raise ValueError(f"{unknown}a sweep is {{min: 8, max: 64K, factor: 2}}")
             factor = value.get("factor", 2)
             if isinstance(factor, bool) or not isinstance(factor, int):
                 raise ValueError(f"the sweep factor must be a whole number >= 2 (got {factor!r})")
@@ -220,7 +251,12 @@ class LinkTelemetryConfig(_Strict):
     """NVML's NVLink and PCIe state and error counters, read on their own schedule whether or not
     jobs run (NVML reads create no CUDA context and leave jobs alone)."""
 
-    interval: float = Field(30.0, ge=0, description="seconds between reads; 0: off")
+    interval: float = Field(
+        30.0,
+        ge=0,
+        description="seconds between reads; 0: off",
+        json_schema_extra=also(DURATION_TEXT),
+    )
     # gpu: per-GPU sums (links active, errors summed over links); link: per-link series as well.
     nvlink_detail: Literal["gpu", "link"] = "gpu"
 
@@ -235,7 +271,7 @@ class NetmonConfig(_Strict):
     state_dir: Path | None = None  # default: /var/lib/netmon as root, else ~/.local/state/netmon
     backend: Backend | None = None  # default: nccl where GPUs are present, else gloo
     ranks: int | None = Field(None, ge=1, le=64, description="gloo only: CPU ranks")
-    devices: tuple[str, ...] | None = None
+    devices: tuple[str, ...] | None = Field(None, json_schema_extra=_DEVICES)
     pause_file: Path | None = Path("/run/netmon/pause")
     # Each file here pauses the GPUs it lists (indexes or UUIDs), or the node when it lists
     # none: how a Slurm prolog pauses only a job's GPUs (serve.pausing).
@@ -254,7 +290,7 @@ class NetmonConfig(_Strict):
     # A per-rank command prefix; {rank}, {gpu} and {numa} are replaced for every kind of probe
     # (probe.build): [numactl, "--cpunodebind={numa}"] on real nodes, [ip, netns, exec, "ns{gpu}"]
     # in tests. {numa} needs the GPUs' NUMA nodes (NVML or topology_file), checked at start.
-    rank_wrapper: tuple[str, ...] = ()
+    rank_wrapper: tuple[str, ...] = Field((), json_schema_extra=also(ANY_TEXT))
     # The address rank 0 binds for rendezvous; {gpu} is replaced by rank 0's GPU (pair probes).
     rendezvous_host: str = "127.0.0.1"
     # `nvidia-smi topo -m` output: the GPU topology when NVML cannot give it (CPU ranks, tests).
@@ -310,6 +346,12 @@ class NetmonConfig(_Strict):
     @property
     def listen_port(self) -> int:
         return int(self.listen.rsplit(":", 1)[1])
+
+
+def json_schema() -> JsonDict:
+    """netmon.yaml's JSON schema, self-contained: what `check-config --schema` prints and the
+    Helm chart validates `config` with (deploy/render.py writes it into values.schema.json)."""
+    return self_contained(NetmonConfig.model_json_schema(mode="validation"))
 
 
 def default_probes(gpus: int) -> tuple[ProbeConfig, ...]:

@@ -34,3 +34,10 @@ def test_the_zygote_bench_measures_both_ways() -> None:
     ratio = document["summary"]["ratio_spawn_over_zygote"]
     assert ratio["cpu_s_per_run"] > 1.5, document["summary"]
     assert floor["cpu_s_per_run"] < phases["spawn"]["cpu_s_per_run"], document["summary"]
+    # The zygote's figure by part from outside and its ranks' by phase from inside, which count
+    # the same CPU (wait4's rusage, the zygote's cutime): the two cannot drift apart unseen.
+    zygote = document["summary"]["zygote"]
+    inside, outside = zygote["inside_rank_by_phase"], zygote["outside_by_part"]
+    assert {"start", "rendezvous", "init", "warmup", "measure", "teardown", "exit"} <= set(inside)
+    assert set(outside) == {"daemon", "zygote", "ranks"}
+    assert outside["ranks"] > 0 and abs(zygote["inside_vs_outside_ranks"]) < 0.5, zygote

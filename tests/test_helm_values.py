@@ -399,6 +399,9 @@ def test_a_listen_on_another_host_renders(listen: str) -> None:
         ({"webConfig": {"secret": "w"}}, "secret"),
         ({"image": {"tags": "1"}}, "tags"),
         ({"serviceMonitor": {"tlsConfig": {"insecureSkipVerfy": True}}}, "insecureSkipVerfy"),
+        # netmon.yaml's own schema (deploy/render.py): the daemon would exit 2 in every pod.
+        ({"config": {"probes": [{"name": "small", "sizes": [8], "intervl": "60s"}]}}, "intervl"),
+        ({"config": {"idle": {"max_memory_usd": "1G"}}}, "max_memory_usd"),
     ],
 )
 def test_a_typo_fails_render_and_lint_naming_the_key(values: dict[str, Any], key: str) -> None:

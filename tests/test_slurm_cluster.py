@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from netmon.sweep.locate.fabric import Cable, Uplink
 from netmon.sweep.locate.fabric_file import parse_topology
 from netmon.sweep.settings import SweepConfig
 from netmon.sweep.slurm.scheduler import SlurmScheduler
@@ -172,8 +173,8 @@ def test_the_sweep_reads_the_fabric_from_slurm(cluster: SlurmCluster) -> None:
     assert fabric.spines["leaf1/rail1"] == ("spine/rail1",)
     assert not fabric.crosses(("n1", "n2"), 0) and fabric.crosses(("n1", "n3"), 1)
     assert fabric.links(("n1", "n3"), 0) == {
-        "n1/rail0",
-        "n3/rail0",
-        "leaf1/rail0~spine/rail0",
-        "leaf2/rail0~spine/rail0",
+        Cable("n1", 0),
+        Cable("n3", 0),
+        Uplink("leaf1/rail0", "spine/rail0"),
+        Uplink("leaf2/rail0", "spine/rail0"),
     }

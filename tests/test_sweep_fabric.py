@@ -24,7 +24,7 @@ from netmon.errors import UsageError
 from netmon.sweep import report
 from netmon.sweep import report as sweep_report
 from netmon.sweep.locate import hostlist
-from netmon.sweep.locate.fabric import Fabric, Hop, rail_optimised
+from netmon.sweep.locate.fabric import Cable, Fabric, Hop, Uplink, rail_optimised
 from netmon.sweep.locate.fabric_file import load, parse_fabric_file, parse_topology
 from netmon.sweep.locate.judge import Rules
 from netmon.sweep.locate.localise import UPLINK_PURPOSES, Localiser
@@ -153,6 +153,33 @@ def _written(path: Path, text: str) -> Path:
     return path
 
 
+def test_links_are_values_named_and_sorted_as_reports_name_them() -> None:
+    """Cables and uplinks are values, named node/railK and leaf~spine (an uplink's name is the
+    reports' and the metric labels'), and they sort as their names do (su11~x before su1~x)."""
+    fabric = _fabric(groups=2, size=4, rails=1)
+    assert fabric.links(("n001", "n006"), 0) == {
+        Cable("n001", 0),
+        Cable("n006", 0),
+        Uplink("su0", "spine3"),
+        Uplink("su1", "spine3"),
+        Uplink("su1", "spine2"),
+        Uplink("su0", "spine2"),
+    }
+    assert fabric.pair_hops(("n001", "n006"), 0)[0].link == Uplink("su0", "spine3")
+    assert [str(Cable("n1", 0)), str(Uplink("su1/rail0", "sp2/rail0"))] == [
+        "n1/rail0",
+        "su1/rail0~sp2/rail0",
+    ]
+    assert sorted([Uplink("su1", "s2"), Uplink("su11", "s1"), Uplink("su1", "s1")]) == [
+        Uplink("su11", "s1"),
+        Uplink("su1", "s1"),
+        Uplink("su1", "s2"),
+    ]
+    assert sorted([Cable("n1", 2), Cable("n1", 10)]) == [Cable("n1", 10), Cable("n1", 2)]
+    assert len({Uplink("a", "b"), Uplink("a", "b"), Cable("a", 0)}) == 2
+    assert Uplink("su1", "sp2").ends == ("su1", "sp2")
+
+
 def test_round_one_stays_under_each_leaf_and_later_rounds_share_no_uplink() -> None:
     fabric = _fabric(groups=4, size=8, rails=2)
     loc, rounds = _sweep(fabric, 2, [], seed=3)
@@ -186,7 +213,7 @@ def test_a_slow_uplink_is_named_first_and_no_other_uplink(routing: str) -> None:
     for seed in range(6):
         link = random.Random(seed).choice(fabric.all_uplinks())
         loc, _ = _sweep(fabric, 2, [Fault(link, 0.5)], seed)
-        uplinks = [f"{s.node}~{s.peer}" for s in loc.ranked() if s.kind == "uplink"]
+        uplinks = [s.uplink for s in loc.ranked() if s.kind == "uplink"]
         top = loc.ranked()[0] if loc.suspects() else None
         named += uplinks == [link] and top is not None and top.kind == "uplink"
         assert loc.ledger is not None and loc.ledger.mismatch is None  # the model is right
@@ -199,7 +226,7 @@ def test_a_routing_the_fabric_does_not_follow_names_no_uplink_and_says_so() -> N
     model = _fabric(groups=8, size=16, rails=2)
     real = _fabric(groups=8, size=16, rails=2, routing="ecmp")
     for seed in range(3):
-        loc, rounds = _sweep(model, 2, [Fault("n017/rail1", 0.4)], seed, routes_by=real)
+        loc, rounds = _sweep(model, 2, [Fault(Cable("n017", 1), 0.4)], seed, routes_by=real)
         assert loc.ledger is not None and loc.ledger.mismatch is not None
         assert "under sweep.routing=table" in loc.ledger.mismatch
         assert [s.kind for s in loc.suspects()] == ["node"]  # the cable is still named
@@ -208,7 +235,7 @@ def test_a_routing_the_fabric_does_not_follow_names_no_uplink_and_says_so() -> N
         assert not any(p.purpose in ("uplink", "cover") for r in rounds[flagged:] for p in r)
     # The same fabric planned with its own routing: never taken for a mismatch.
     for seed in range(3):
-        loc, _ = _sweep(model, 2, [Fault("n017/rail1", 0.4)], seed)
+        loc, _ = _sweep(model, 2, [Fault(Cable("n017", 1), 0.4)], seed)
         assert loc.ledger is not None and loc.ledger.mismatch is None
 
 
@@ -216,7 +243,7 @@ def test_a_leaf_slow_on_every_uplink_is_named_as_the_switch() -> None:
     """Many uplinks, one switch: the leaf is named (no uplink of it alone, no node, no routing
     mismatch), and nothing is left undecided."""
     fabric = _fabric(groups=8, size=16, rails=2)
-    slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.startswith("su0/rail0~")]
+    slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.leaf == "su0/rail0"]
     for seed in range(3):
         loc, _ = _sweep(fabric, 2, slow, seed)
         assert loc.ledger is not None and loc.ledger.mismatch is None
@@ -250,15 +277,16 @@ def test_a_leaf_slow_on_every_uplink_is_named_as_the_switch() -> None:
 
 def test_a_spine_slow_on_every_uplink_is_named_and_one_bad_uplink_is_no_switch() -> None:
     fabric = _fabric(groups=8, size=16, rails=2)
-    spine = fabric.all_uplinks()[3].partition("~")[2]
-    slow = [Fault(u, 0.5) for u in fabric.all_uplinks() if u.endswith(f"~{spine}")]
+    spine = fabric.all_uplinks()[3].spine
+    through = [u for u in fabric.all_uplinks() if u.spine == spine]
+    slow = [Fault(u, 0.5) for u in through]
     for seed in range(3):
         loc, _ = _sweep(fabric, 2, slow, seed)
         assert [(s.kind, s.node, s.peer) for s in loc.suspects()] == [("switch", spine, "spine")], (
             seed
         )
         one, _ = _sweep(fabric, 2, slow[:1], seed)
-        leaf = slow[0].link.partition("~")[0]
+        leaf = through[0].leaf
         assert [(s.kind, s.node, s.peer) for s in one.suspects()] == [("uplink", leaf, spine)]
 
 
@@ -272,7 +300,7 @@ def test_the_uplinks_that_explain_failures_are_counted_greedily() -> None:
 def test_a_slow_cable_is_named_in_two_rounds_and_no_uplink_beside_it() -> None:
     fabric = _fabric(groups=4, size=8, rails=2)
     for seed in range(5):
-        loc, _ = _sweep(fabric, 2, [Fault(f"n{seed * 5:03d}/rail1", 0.6)], seed)
+        loc, _ = _sweep(fabric, 2, [Fault(Cable(f"n{seed * 5:03d}", 1), 0.6)], seed)
         (suspect,) = loc.suspects()
         assert (suspect.kind, suspect.node, suspect.rails) == ("node", f"n{seed * 5:03d}", (1,))
         assert suspect.round == 2
@@ -331,7 +359,7 @@ def _run(scheduler: SimulatedScheduler, settings: SweepConfig, book: BaselineBoo
 def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) -> None:
     text = _topology(leaves=4)
     fabric = parse_topology(text, rails=2)
-    link = "su2/rail1~spine4/rail1"
+    link = Uplink("su2/rail1", "spine4/rail1")
     settings = SweepConfig(fabric="slurm", cohort_ratio=0.97)  # 6 rounds: the fabric default
     book = BaselineBook(BaselinePolicy())
     outcome = _run(SimulatedScheduler(fabric, [Fault(link, 0.4)], text), settings, book)
@@ -342,7 +370,7 @@ def test_netmon_sweep_reads_the_fabric_and_reports_the_uplink(tmp_path: Path) ->
     assert uplinks == [
         {
             "kind": "uplink",
-            "uplink": link,
+            "uplink": "su2/rail1~spine4/rail1",
             "leaf": "su2/rail1",
             "spine": "spine4/rail1",
             "rails": [1],

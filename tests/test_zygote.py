@@ -23,7 +23,7 @@ from netmon.probe.launcher import Launcher
 from netmon.probe.processes import children_of, process_state
 from netmon.probe.spec import ProbeOutcome, ProbeSpec
 from netmon.probe.starting import base_env
-from netmon.probe.zygote import mapped_cuda_driver
+from netmon.probe.zygote import anonymous_spans, mapped_cuda_driver
 from tests.daemon_harness import DaemonProcess, fast_config, series, wait_until
 
 SMALL = ProbeSpec(backend="gloo", ranks=2, op="all_reduce", sizes=(8, 1024), iters=5, warmup=1)
@@ -379,6 +379,12 @@ def test_the_daemon_survives_its_zygote_and_counts_it(
         "a run after the kill to succeed",
     )
     assert daemon.value("netmon_zygote_starts_total") == 2
+    # What the runs cost the CPUs, by phase: the reaper's exit figure too, for the ranks of the
+    # run after the kill, which the new zygote reaped.
+    for phase in ("start", "rendezvous", "init", "measure", "exit"):
+        cpu = daemon.value("netmon_probe_rank_cpu_seconds_total", probe="long", phase=phase)
+        assert cpu is not None and cpu > 0, phase
+    assert daemon.value("netmon_probe_rank_cpu_seconds_total", probe="long", phase="check") == 0
     assert daemon.value("netmon_rank_starts_total", method="spawn") == 0
     assert daemon.value("netmon_rank_fork_fallbacks_total", reason="unavailable") == 0
     assert daemon.stop(timeout=15) == 0
@@ -400,3 +406,52 @@ def assert_refused_and_said(caplog: pytest.LogCaptureFixture, said: str) -> None
         assert said in caplog.text
     finally:
         zygote.close()
+
+
+MAPS = """\
+55a0beef0000-55a0c453b000 rw-p 00000000 00:00 0                          [heap]
+7f3c3312a000-7f3c35600000 rw-p 00000000 00:00 0
+7f3c35600000-7f3c35601000 rw-p 00000000 00:00 0
+7f3c521e5000-7f3c52485000 rw-p 00a00000 08:01 1234                       /usr/lib/libtorch_cpu.so
+7f3c60000000-7f3c60400000 r--p 00000000 00:00 0
+7f3c70000000-7f3c70400000 rw-s 00000000 00:01 99                         /dev/shm/x
+7ffd00000000-7ffd00400000 rw-p 00000000 00:00 0                          [stack]
+"""
+
+
+def test_only_the_2_mib_aligned_parts_of_private_writable_anonymous_memory_are_collapsed() -> None:
+    mib2 = 2 << 20
+    assert anonymous_spans(MAPS) == [
+        (0x55A0BF000000, 0x55A0C4400000),  # the heap, rounded inward to 2 MiB
+        (0x7F3C33200000, 0x7F3C35600000),
+    ]
+    assert all(start % mib2 == 0 and end % mib2 == 0 for start, end in anonymous_spans(MAPS))
+
+
+def _transparent_huge_pages() -> bool:
+    setting = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    release = tuple(int(part) for part in os.uname().release.split(".")[:2] if part.isdigit())
+    return setting.exists() and "[never]" not in setting.read_text() and release >= (6, 1)
+
+
+def test_the_zygote_holds_torch_in_huge_pages_where_the_kernel_has_them(
+    zygotes: list[Zygote],
+) -> None:
+    """Each fork copies, and each rank's exit drops, 512 times fewer page table entries; a
+    kernel without transparent huge pages (or older than 6.1) keeps 4 KiB pages, and the ranks
+    run as before."""
+    zygote = new_zygote(zygotes)
+    outcome = Launcher(SMALL, zygote=zygote).run()
+    assert outcome.ok and outcome.ranks_forked == 2, outcome.failure
+    assert zygote.pid is not None
+    rollup = Path(f"/proc/{zygote.pid}/smaps_rollup").read_text()
+    huge_kb = int(next(line.split()[1] for line in rollup.splitlines() if "AnonHugePages" in line))
+    if _transparent_huge_pages():
+        assert huge_kb >= 32 << 10, rollup  # most of torch's 100+ MiB heap
+    else:
+        assert huge_kb == 0, rollup
+    # What each phase cost the ranks, the reaper's figure included: exit is wait4's.
+    assert {"start", "rendezvous", "init", "warmup", "measure", "teardown", "exit"} <= set(
+        outcome.rank_cpu_s
+    ), outcome.rank_cpu_s
+    assert all(seconds >= 0 for seconds in outcome.rank_cpu_s.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from netmon.bandwidth import parse_size
+from netmon.schema import SIZE_TEXT, also
 
 
 class BaselinePolicy(BaseModel):
@@ -31,7 +32,7 @@ class BaselinePolicy(BaseModel):
     # Sizes under this are latency-bound: a fixed ratio on their busbw reads host jitter as a
     # fault. They are judged with latency_ratio (latency over baseline / latency_ratio is low),
     # or, with latency_ratio unset (the default), learned and shown but never judged.
-    latency_bound_below: int = Field(default=1 << 20, ge=0)
+    latency_bound_below: int = Field(default=1 << 20, ge=0, json_schema_extra=also(SIZE_TEXT))
     latency_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     # The first results of each series after the daemon starts, after its rank zygote is
     # replaced and after a pause longer than twice its interval are neither learned nor judged:

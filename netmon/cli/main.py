@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -134,6 +135,11 @@ def _add_daemon_parsers(commands: Any) -> None:
         "configuration the daemon would run with, defaults filled in.",
     )
     check.add_argument("file", type=Path, nargs="?", help="YAML file (default: embedded)")
+    check.add_argument(
+        "--schema",
+        action="store_true",
+        help="print netmon.yaml's JSON schema instead (for editors; the Helm chart uses it)",
+    )
     check.set_defaults(handler=_cmd_check_config)
 
 
@@ -177,6 +183,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_check_config(args: argparse.Namespace) -> int:
     from netmon import config as cfg
 
+    if args.schema:
+        print(json.dumps(cfg.json_schema(), indent=2))
+        return EXIT_OK
     config, _ = load_daemon_config(args)
     if config.group is not None:
         from netmon.group.auth import group_secret

@@ -13,6 +13,7 @@ from typing import Any
 from netmon import bandwidth
 from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report, table
 from netmon.cli.probe_request import rank_zygote, request_from
+from netmon.cli.progress import REPORT_EVERY_S, Progress
 from netmon.errors import CouldNotRun, UsageError
 from netmon.probe.launcher import run_probe
 from netmon.probe.spec import ProbeOutcome
@@ -167,25 +168,6 @@ def add_parser(commands: Any) -> None:
     probe.set_defaults(handler=run)
 
 
-def _progress(quiet: bool, total: int) -> Any:
-    done = [0]
-
-    def on_event(kind: str, event: dict[str, Any]) -> None:
-        if kind != "result" or quiet:
-            return
-        done[0] += 1
-        result = event["result"]
-        print(
-            f"netmon: [{done[0]}/{total}] {result.op} {bandwidth.format_size(result.size_bytes)}"
-            f" x{result.chunks}: busbw {result.busbw_bytes_per_second / 1e9:.3f} GB/s"
-            f"{' (timed from a CUDA graph)' if result.timing_path == 'graph' else ''}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return on_event
-
-
 def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
     """Messages for every probe whose largest size fell under the threshold."""
     failures = []
@@ -224,9 +206,15 @@ def run(args: argparse.Namespace) -> int:
 
         return run_pairs(args, request, specs)
     total = sum(len(spec.sizes) for spec in specs)
-    on_event = _progress(args.quiet or total < 2, total)
+    live = not args.quiet and sys.stderr.isatty()
+    progress = Progress(total, sys.stderr, results=not args.quiet and total > 1, live=live)
+    if live:  # a person is watching: the ranks say how a long size is going
+        specs = [spec.model_copy(update={"progress_s": REPORT_EVERY_S}) for spec in specs]
     with rank_zygote(args) as zygote:
-        outcomes = [run_probe(spec, on_event=on_event, zygote=zygote) for spec in specs]
+        try:
+            outcomes = [run_probe(spec, on_event=progress, zygote=zygote) for spec in specs]
+        finally:
+            progress.close()
     if args.plot is not None:
         from netmon.cli import plot
 

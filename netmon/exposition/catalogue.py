@@ -271,6 +271,9 @@ CATALOGUE: tuple[Family, ...] = (
            "hardware (a replaced GPU, NIC or node)"),
     Family("probes", "netmon_probe_busy_seconds", "counter", "seconds", ("probe",),
            "Device-seconds held by probes (wall time x devices or CPU ranks): the cost of probing"),
+    Family("probes", "netmon_probe_rank_cpu_seconds", "counter", "seconds", ("probe", "phase"),
+           "CPU time of the probe's rank processes by phase of a run, summed over ranks (start: "
+           "fork or exec to rendezvous; exit: done to reaped): what probing costs the CPUs"),
     Family("probes", "netmon_probe_last_success_timestamp_seconds", "gauge", "seconds", ("probe",),
            "When the probe last succeeded"),
     Family("probes", "netmon_probe_last_run_timestamp_seconds", "gauge", "seconds", ("probe",),

@@ -31,6 +31,7 @@ from netmon.exposition.snapshot import LinkPoint, Snapshot
 from netmon.exposition.sweeps import sweep_families
 from netmon.exposition.verdicts import result_families, state_families, verdict_families
 from netmon.gpu.linkhealth import LinkHealth, downtrained, nvlink_sums
+from netmon.probe.rankcpu import CPU_PHASES
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,10 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
         "netmon_probe_duration_seconds",
         "netmon_probe_peak_device_memory_bytes",
         "netmon_probe_interval_seconds",
+        "netmon_probe_rank_cpu_seconds",
     )
     families = [family(name, snapshot) for name in names]
-    runs, failures, skips, busy, last_success, last_run, duration, memory, interval = families
+    runs, failures, skips, busy, last_success, last_run, duration, memory, interval, cpu = families
     for name, stats in snapshot.probes.items():
         runs.add_metric([name], stats.runs)
         for reason in sorted(set(FAILURE_REASONS) | set(stats.failures)):
@@ -174,6 +176,8 @@ def probe_families(snapshot: Snapshot) -> Iterator[Metric]:
         for reason in sorted(set(SKIP_REASONS) | set(stats.skips)):
             skips.add_metric([name, reason], stats.skips.get(reason, 0))
         busy.add_metric([name], stats.busy_seconds)
+        for phase in CPU_PHASES:
+            cpu.add_metric([name, phase], stats.rank_cpu_seconds.get(phase, 0.0))
         interval.add_metric([name], stats.interval_s)
         add_known(
             [name],

@@ -147,6 +147,8 @@ class ProbeStats:
     busy_seconds: float = 0.0
     peak_device_memory: int | None = None
     interval_s: float = 0.0
+    # CPU seconds of its ranks by phase of a run (netmon.probe.rankcpu.CPU_PHASES), summed.
+    rank_cpu_seconds: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 import netmon
 from netmon.exposition.collector import make_registry
 from netmon.exposition.snapshot import ProbeStats, SeriesPoint, Snapshot, series_points
+from netmon.probe.rankcpu import summed
 from netmon.probe.spec import ProbeOutcome
 
 
@@ -41,6 +42,7 @@ def snapshot_of(
         duration_s=sum(o.wall_s for o in outcomes),
         busy_seconds=sum(o.wall_s * max(len(o.spec.devices), o.spec.ranks) for o in outcomes),
         interval_s=0.0,
+        rank_cpu_seconds=summed(o.rank_cpu_s for o in outcomes),
     )
     build = {
         "version": netmon.__version__,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from netmon.bandwidth import parse_size
 from netmon.gpu.podresources import GpuAllocations
+from netmon.schema import SIZE_TEXT, also
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
 
@@ -93,7 +94,12 @@ class IdlePolicy(BaseModel):
     # NVML reports whole percents: the default 5 means "0-4 %"; 1 means "0 % exactly".
     max_utilization: float = Field(default=5.0, gt=0, description="percent; busy at or above this")
     # Counts memory of processes that are not ours (the total minus our own processes' share).
-    max_memory_used: int = Field(default=1 << 30, ge=0, description="bytes; busy above this")
+    max_memory_used: int = Field(
+        default=1 << 30,
+        ge=0,
+        json_schema_extra=also(SIZE_TEXT),
+        description="bytes; busy above this",
+    )
     skip_mig: bool = True
     # EXCLUSIVE_PROCESS: our rank's context would stop a job's process from starting on the GPU.
     require_default_compute_mode: bool = True

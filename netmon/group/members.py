@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from netmon.bandwidth import parse_duration
 from netmon.gpu.fabric import FabricReading, in_nvlink_domain
 from netmon.gpu.idle import IdleSourceError
+from netmon.schema import ANY_TEXT, DURATION_TEXT, also
 from netmon.topology.model import Topology
 
 _MEMBER = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>\d{1,5})$")
@@ -44,7 +45,7 @@ class GroupConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     name: str
-    members: tuple[str, ...]
+    members: tuple[str, ...] = Field(json_schema_extra=also(ANY_TEXT))
     # This node's entry in `members`; default: the member whose host is this host's name or
     # address. NETMON_GROUP__SELF sets it from the environment (a DaemonSet's node name).
     self_: str | None = Field(None, alias="self")
@@ -54,8 +55,18 @@ class GroupConfig(BaseModel):
     secret_file: Path | None = None
     # The address this member's store listens on; default: this member's host, resolved.
     bind: str | None = None
-    heartbeat: float = Field(1.0, gt=0, description="seconds between member checks")
-    ready_timeout: float = Field(5.0, gt=0, description="seconds a round waits for members")
+    heartbeat: float = Field(
+        1.0,
+        gt=0,
+        json_schema_extra=also(DURATION_TEXT),
+        description="seconds between member checks",
+    )
+    ready_timeout: float = Field(
+        5.0,
+        gt=0,
+        json_schema_extra=also(DURATION_TEXT),
+        description="seconds a round waits for members",
+    )
     # A round whose NCCL log shows another network between nodes fails as transport_mismatch.
     # "any" when unset, for the schema; the rounds then go by `round_transport`.
     transport: Transport = "any"

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from netmon.bandwidth import parse_duration, parse_size
+from netmon.schema import DURATION_TEXT, SIZE_TEXT, also
 
 
 class InspectorConfig(BaseModel):
@@ -17,17 +18,17 @@ class InspectorConfig(BaseModel):
     # site's Slurm TaskProlog (deploy/slurm) or the pod's environment (Kubernetes).
     dir: Path
     # How often the files are read: the plugin's own dump interval (30 s in its textfile mode).
-    interval: float = Field(30.0, ge=1.0, le=3600.0)
+    interval: float = Field(30.0, ge=1.0, le=3600.0, json_schema_extra=also(DURATION_TEXT))
     # A job directory is removed once its `.ended` mark (the Slurm Epilog's) is this old, so
     # the job's last dump is read first ...
-    grace: float = Field(120.0, ge=0.0)
+    grace: float = Field(120.0, ge=0.0, json_schema_extra=also(DURATION_TEXT))
     # ... or, with no mark (Kubernetes), once nothing in it changed for this long.
-    stale_after: float = Field(6 * 3600.0, ge=60.0)
+    stale_after: float = Field(6 * 3600.0, ge=60.0, json_schema_extra=also(DURATION_TEXT))
     # The most of one file read per interval: a textfile dump is a few kB per communicator; the
     # JSON lines files grow for the life of a job and are read from where the last read ended.
-    max_read_bytes: int = Field(4 << 20, ge=4096)
+    max_read_bytes: int = Field(4 << 20, ge=4096, json_schema_extra=also(SIZE_TEXT))
     # A line longer than this is not a line the plugin writes (its labels are short).
-    max_line_bytes: int = Field(4096, ge=256, le=1 << 20)
+    max_line_bytes: int = Field(4096, ge=256, le=1 << 20, json_schema_extra=also(SIZE_TEXT))
     # Files and job directories looked at per read; more are counted and left for the next.
     max_files: int = Field(256, ge=1, le=65536)
     # Shapes (collective, size bucket, ranks, node or nodes) exported and judged; a shape past
@@ -37,10 +38,10 @@ class InspectorConfig(BaseModel):
     max_shapes: int = Field(6, ge=1, le=64)
     # An exported shape that saw no collective for this long leaves /metrics, making room (a
     # job's start-up collectives, say, for the shapes it trains with).
-    shape_idle: float = Field(900.0, ge=60.0)
+    shape_idle: float = Field(900.0, ge=60.0, json_schema_extra=also(DURATION_TEXT))
     # A shape's sample is taken over this long (several dumps: the plugin writes one collective
     # per communicator and rank per dump; netmon.inspector.shapes), and needs this many.
-    window: float = Field(120.0, ge=1.0, le=3600.0)
+    window: float = Field(120.0, ge=1.0, le=3600.0, json_schema_extra=also(DURATION_TEXT))
     min_collectives: int = Field(3, ge=1)
 
     @field_validator("interval", "grace", "stale_after", "shape_idle", "window", mode="before")

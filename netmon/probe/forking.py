@@ -84,6 +84,7 @@ class Session:
         self.reply_timeout_s = reply_timeout_s
         self.exits: dict[int, int] = {}
         self.reaped: set[int] = set()
+        self.cpu_s: dict[int, float] = {}  # a reaped rank's whole CPU time, as wait4 gave it
         self.lost = False
         self._replies: list[dict[str, Any]] = []
 
@@ -154,6 +155,8 @@ class Session:
                 self.exits[int(message["pid"])] = int(message["status"])
             elif op == "reaped":
                 self.reaped.add(int(message["pid"]))
+                if "cpu_s" in message:
+                    self.cpu_s[int(message["pid"])] = float(message["cpu_s"])
             else:
                 self._replies.append(message)
             if block:
@@ -178,6 +181,9 @@ class ForkedRank:
             state = process_state(self.pid)
             return -int(signal.SIGKILL) if state in (None, "Z") else None
         return None
+
+    def cpu_s(self) -> float | None:
+        return self.session.cpu_s.get(self.pid)
 
     def reap(self) -> None:
         self.session.reap(self.pid)

@@ -38,6 +38,7 @@ from netmon.probe.processes import (
     slowest_span,
 )
 from netmon.probe.rank_reports import RankReports
+from netmon.probe.rankcpu import summed
 from netmon.probe.spec import PHASES, ProbeFailure, ProbeOutcome, ProbeSpec
 from netmon.probe.starting import RankStarter, base_env, orphan_gone
 from netmon.probe.workdirs import probe_workdir
@@ -121,6 +122,7 @@ class Launcher:
             ranks_forked=sum(isinstance(e.proc, ForkedRank) for e in self._ranks),
             ranks_spawned=sum(isinstance(e.proc, SpawnedRank) for e in self._ranks),
             fork_fallback=self._starter.fallback,
+            rank_cpu_s=summed(e.cpu.by_phase() for e in self._ranks),
         )
 
     # ---- spawning ----
@@ -245,6 +247,8 @@ class Launcher:
             return  # never sent: the channel is the worker's alone (libraries write to stdout)
         kind = event.get("ev")
         now = time.monotonic()
+        if "cpu_s" in event:  # hello, phase and done carry the rank's CPU time (probe.rankcpu)
+            entry.cpu.enter(event.get("phase", "exit" if kind == "done" else ""), event["cpu_s"])
         if kind == "hello":
             entry.hello = True
         elif kind == "phase":
@@ -271,7 +275,7 @@ class Launcher:
             self._blame.exception(now, entry, event)
         elif kind == "done":
             entry.done = True
-        if self.on_event is not None and kind in ("hello", "store", "phase", "size"):
+        if self.on_event is not None and kind in ("hello", "store", "phase", "size", "progress"):
             self.on_event(kind, {"rank": entry.rank, **event})
 
     def _record_size(self, event: dict[str, Any]) -> None:
@@ -343,6 +347,7 @@ class Launcher:
                         stream.close()
             entry.proc.reap()
             entry.reaped = True
+            entry.cpu.total_s = entry.proc.cpu_s()
 
     def _transports(self, workdir: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The transports NCCL logged, and how they contradict the intent; gloo is gloo."""

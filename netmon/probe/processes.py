@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from netmon.probe.rankcpu import CpuMarks
 from netmon.probe.spec import Phase
 
 STDERR_TAIL = 1500
@@ -34,6 +35,10 @@ class RankHandle(Protocol):
 
     def reap(self) -> None: ...
 
+    def cpu_s(self) -> float | None:
+        """Its whole CPU time (user + system, every thread), once reaped; None if unknown."""
+        ...
+
 
 class SpawnedRank:
     """A rank started as a new interpreter (subprocess): the launcher is its parent."""
@@ -43,12 +48,22 @@ class SpawnedRank:
         self.pid = proc.pid
         self.stdin = proc.stdin
         self.channel: IO[bytes] | None = channel
+        self._cpu_s: float | None = None
 
     def exit_status(self) -> int | None:
         return exit_status(self.pid)
 
     def reap(self) -> None:
-        self.proc.wait()
+        try:
+            _, status, usage = os.wait4(self.pid, 0)
+        except ChildProcessError:  # reaped already
+            self.proc.wait()
+            return
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self._cpu_s = usage.ru_utime + usage.ru_stime
+
+    def cpu_s(self) -> float | None:
+        return self._cpu_s
 
 
 @dataclass
@@ -72,6 +87,7 @@ class RankProcess:
     buffer: bytes = b""
     eof: bool = False
     reaped: bool = False
+    cpu: CpuMarks = field(default_factory=CpuMarks)  # what each phase cost it (probe.rankcpu)
 
 
 def is_loopback(host: str) -> bool:

@@ -103,6 +103,9 @@ class ProbeSpec(_Frozen):
     cuda_devices: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     check: bool = False
+    # Seconds between a reporter's progress events within a size (samples done, of how many),
+    # for a person watching `netmon probe` on a terminal; 0: none (the daemon's probes).
+    progress_s: float = Field(0.0, ge=0)
     timeout: float = Field(300.0, gt=0, description="seconds for the whole probe")
     deadlines: PhaseDeadlines = PhaseDeadlines()
     # The command prefix of each rank started here (numactl, ip netns exec), as (rank, argv):
@@ -379,6 +382,8 @@ class ProbeOutcome(_Frozen):
     # init phase (process group: on GPUs the CUDA context and NCCL communicator), in seconds.
     startup_s: float | None = None
     init_s: float | None = None
+    # CPU seconds its ranks spent in each phase, summed over ranks (netmon.probe.rankcpu).
+    rank_cpu_s: dict[str, float] = Field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -9,6 +9,7 @@ logs there when its log has no file, fully buffered into a pipe, so flushed mid-
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -21,13 +22,17 @@ from netmon.probe.processes import CHANNEL_FD, RankHandle, SpawnedRank, process_
 from netmon.probe.spec import ProbeSpec
 
 
+@functools.cache
+def _package_root() -> str:
+    return str(Path(netmon.__file__).resolve().parent.parent)
+
+
 def base_env() -> dict[str, str]:
     """What every rank's environment starts from (and the rank zygote's): ours, with netmon
     importable and one intra-op thread (two ranks on a small host fight over intra-op threads;
     collectives do not need them)."""
     env = dict(os.environ)
-    package_root = str(Path(netmon.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 

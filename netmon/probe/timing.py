@@ -36,14 +36,23 @@ def time_cuda(torch: Any, issue: Callable[[], None], reps: int) -> float:
 
 
 def samples(
-    torch: Any, dist: Any, device: Any, issue: Callable[[], None], iters: int, reps: int
+    torch: Any,
+    dist: Any,
+    device: Any,
+    issue: Callable[[], None],
+    iters: int,
+    reps: int,
+    on_sample: Callable[[int], None] | None = None,
 ) -> list[float]:
-    """`iters` samples, each `issue()` (a batch of `reps` operations) timed per operation."""
+    """`iters` samples, each `issue()` (a batch of `reps` operations) timed per operation;
+    `on_sample(done)` after each, outside the timed region."""
     times = []
-    for _ in range(iters):
+    for done in range(1, iters + 1):
         synchronize(torch, dist, device)
         if device.type == "cuda":
             times.append(time_cuda(torch, issue, reps))
         else:
             times.append(time_host(issue, reps))
+        if on_sample is not None:
+            on_sample(done)
     return times

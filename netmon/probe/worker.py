@@ -68,6 +68,12 @@ class Channel:
                 os._exit(3)
 
 
+def cpu_s() -> float:
+    """This process's CPU time so far, every thread's (gloo's too): each phase's mark, so the
+    launcher can say what each phase of a run cost (netmon_probe_rank_cpu_seconds_total)."""
+    return round(time.process_time(), 6)
+
+
 def _heartbeat(channel: Channel, parent: int) -> None:
     # A rank whose launcher died must not linger holding a GPU.
     while True:
@@ -90,13 +96,13 @@ class Rank:
 
     def enter(self, phase: Phase, **fields: Any) -> None:
         self.phase = phase
-        self.channel.send("phase", phase=phase, **fields)
+        self.channel.send("phase", phase=phase, cpu_s=cpu_s(), **fields)
 
     def run(self, stdin: IO[str]) -> None:
         import torch
         import torch.distributed as dist
 
-        self.channel.send("hello", pid=os.getpid())
+        self.channel.send("hello", pid=os.getpid(), cpu_s=cpu_s())
         self.enter("rendezvous")
         store = self._rendezvous(dist, stdin)
         self.enter("init")
@@ -122,7 +128,7 @@ class Rank:
         dist.destroy_process_group()
         if self.clock is not None:
             self.clock.close()
-        self.channel.send("done")
+        self.channel.send("done", cpu_s=cpu_s())
 
     def _rendezvous(self, dist: Any, stdin: IO[str]) -> Any:
         timeout = timedelta(seconds=self.spec.deadlines.rendezvous)
@@ -204,8 +210,10 @@ class Rank:
         collective = Collective(torch, dist, spec, self.rank, device, carried)
         self.enter("warmup", size=size)
         sim_rank.kernels(True)
-        for _ in range(spec.warmup):
+        tell = self._progress("warmup", size, spec.warmup)
+        for done in range(1, spec.warmup + 1):
             collective.run(spec.chunks)
+            tell(done)
         on_gpu = device.type == "cuda" or self.simulated
         if on_gpu and not self.warm:
             self._warm_for(torch, dist, device, collective)
@@ -221,7 +229,9 @@ class Rank:
             sim_rank.capture if self.simulated else None,
         )
         self.enter("measure", size=size)
-        samples, cpu, clocks = self._measure(torch, dist, device, issue)
+        samples, cpu, clocks = self._measure(
+            torch, dist, device, issue, self._progress("measure", size, spec.iters)
+        )
         check_ok: bool | None = None
         if spec.check:
             self.enter("check", size=size)
@@ -241,6 +251,22 @@ class Rank:
                 timing_why=choice.why,
                 sm_clock_mhz=clocks,
             )
+
+    def _progress(self, phase: str, size: int, of: int) -> Callable[[int], None]:
+        """What a reporter calls after each op or sample: a "progress" event at most every
+        spec.progress_s seconds, so a terminal can show a long size moving."""
+        every = self.spec.progress_s
+        if every <= 0 or self.rank not in self.spec.reporters:
+            return lambda done: None
+        last = [time.monotonic()]
+
+        def tell(done: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= every and done < of:
+                last[0] = now
+                self.channel.send("progress", phase=phase, size=size, done=done, of=of)
+
+        return tell
 
     def _warm_for(self, torch: Any, dist: Any, device: Any, collective: Collective) -> None:
         """Go on warming up until spec.warmup_s has passed on every rank, before the first size
@@ -279,14 +305,19 @@ class Rank:
         return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
 
     def _measure(
-        self, torch: Any, dist: Any, device: Any, issue: Callable[[], None]
+        self,
+        torch: Any,
+        dist: Any,
+        device: Any,
+        issue: Callable[[], None],
+        on_sample: Callable[[int], None],
     ) -> tuple[list[list[float]], list[list[float]], list[float]]:
         """Every rank's sample times, each rank's CPU reading over its measured loop
         (netmon.probe.cpushare; empty where /proc cannot say), and each rank's GPU's SM clock
         right after it (MHz, -1 unknown). A sample is one `issue`: a batch of ops, eager or one
         graph replay (netmon.probe.graphs), timed per op."""
         before = cpushare.read()
-        times = timing.samples(torch, dist, device, issue, self.spec.iters, self._reps())
+        times = timing.samples(torch, dist, device, issue, self.spec.iters, self._reps(), on_sample)
         after = cpushare.read()
         cpu = after.since(before) if before and after else [-1.0] * cpushare.READING_FIELDS
         clock = self._sm_clock(device.type == "cuda" or self.simulated)

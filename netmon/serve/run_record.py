@@ -26,6 +26,7 @@ class _Tally:
     duration_s: float | None = None
     busy_seconds: float = 0.0
     peak_device_memory: int | None = None
+    rank_cpu: dict[str, float] = field(default_factory=dict)
 
 
 class RunRecord:
@@ -70,6 +71,8 @@ class RunRecord:
         tally.busy_seconds += outcome.wall_s * max(len(outcome.spec.devices), outcome.spec.ranks)
         if outcome.peak_device_memory_bytes is not None:
             tally.peak_device_memory = outcome.peak_device_memory_bytes
+        for phase, seconds in outcome.rank_cpu_s.items():
+            tally.rank_cpu[phase] = tally.rank_cpu.get(phase, 0.0) + seconds
         if outcome.environment and outcome.environment.nccl:
             self.nccl = outcome.environment.nccl
         if outcome.failure is not None:
@@ -108,6 +111,7 @@ class RunRecord:
                 busy_seconds=tally.busy_seconds,
                 peak_device_memory=tally.peak_device_memory,
                 interval_s=probe.interval,
+                rank_cpu_seconds=dict(tally.rank_cpu),
             )
         return probes
 

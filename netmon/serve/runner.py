@@ -306,6 +306,9 @@ class ProbeRunner:
             op=outcome.spec.op,
             wall_s=round(outcome.wall_s, 3),
             collective_s=round(outcome.collective_s, 3),
+            rank_cpu_s=round(sum(outcome.rank_cpu_s.values()), 3),
+            # Where the ranks' CPU went (probe.rankcpu): what a probe run costs the node.
+            rank_cpu=",".join(f"{k}:{v:.3f}" for k, v in outcome.rank_cpu_s.items()) or "-",
         )
         if outcome.failure is not None:
             fields.update(

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from netmon.sweep.delivery.node_report import NodeReport, PeerResult
-from netmon.sweep.locate.localise import JudgedPair, Localiser, Suspect
+from netmon.sweep.locate.localise import Localiser, Suspect
+from netmon.sweep.locate.pair_verdict import JudgedPair
 
 
 def pair_outcome(pair: JudgedPair) -> str:
@@ -54,7 +55,7 @@ def suspect_entry(suspect: Suspect) -> dict[str, Any]:
     if suspect.kind == "switch":
         entry |= {"switch": suspect.node, "level": suspect.peer}
     elif suspect.kind == "uplink":
-        entry |= {"uplink": f"{suspect.node}~{suspect.peer}", "leaf": suspect.node}
+        entry |= {"uplink": str(suspect.uplink), "leaf": suspect.node}
         entry["spine"] = suspect.peer
     else:
         entry["node"] = suspect.node
@@ -178,7 +179,9 @@ def whole(
         ],
         "suspects": [suspect_entry(s) for s in loc.suspects()],
         "undecided": loc.undecided(),
-        "undecided_uplinks": loc.ledger.undecided() if loc.ledger is not None else [],
+        "undecided_uplinks": [
+            str(link) for link in (loc.ledger.undecided() if loc.ledger is not None else [])
+        ],
         # Why no uplink was named: the failures across leaves did not fit the routing model.
         "routing_mismatch": loc.ledger.mismatch if loc.ledger is not None else None,
     }

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from netmon.bandwidth import parse_duration, parse_rate, parse_size
+from netmon.schema import DURATION_TEXT, RATE_TEXT, SIZE_TEXT, also
 from netmon.sweep.kube.settings import KubernetesSweep
 
 
@@ -38,17 +39,18 @@ class SweepConfig(BaseModel):
     qos: str | None = None  # a preemptible QOS, where preemption is by QOS
     account: str | None = None
     # The pair's all_reduce: one size, large enough to be bandwidth-bound (gloo on the CPU).
-    size: int = Field(16 << 20, ge=1024)
+    size: int = Field(16 << 20, ge=1024, json_schema_extra=also(SIZE_TEXT))
     warmup: int = Field(3, ge=0)
     iters: int = Field(10, ge=1)
     # A GPU pair's (NCCL): 16 MiB x 10 is some 3.5 ms of traffic on a 400 Gb/s rail, too
     # little to be bandwidth-bound; 1 GiB x 20 is some 4.5 s.
-    nccl_size: int = Field(1 << 30, ge=1024)
+    nccl_size: int = Field(1 << 30, ge=1024, json_schema_extra=also(SIZE_TEXT))
     nccl_iters: int = Field(20, ge=1)
     # Ranks per node, one per rail (rank k uses GPU k and the NIC nearest it); default: the
     # node's GPUs (its Slurm gres), 1 on nodes without GPUs.
     rails: int | None = Field(None, ge=1, le=64)
-    min_busbw: float | None = Field(None, ge=0)  # bytes/s: a pair under it fails
+    # bytes/s: a pair under it fails
+    min_busbw: float | None = Field(None, ge=0, json_schema_extra=also(RATE_TEXT))
     # nccl on nodes with GPUs (their Slurm gres), gloo on the CPU otherwise.
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     # Rail k's rendezvous listens on this port + k on the pair's first node.
@@ -65,12 +67,13 @@ class SweepConfig(BaseModel):
     # Seconds from a pair's submission until all its ranks have met (Slurm): on a busy queue a
     # pair starts only at a backfill pass (every 30 s by default, longer on a large cluster).
     # A pair not started by then is `busy`, one started whose ranks did not meet `timeout`.
-    launch_timeout: float = Field(120.0, gt=0)
+    launch_timeout: float = Field(120.0, gt=0, json_schema_extra=also(DURATION_TEXT))
     # Seconds one pair may run once its ranks have met (Slurm; on Kubernetes, queue included);
     # a confirming pair, which measures confirm_repeats times as long, may take that many
     # times it (pair_timeout_for).
-    pair_timeout: float = Field(300.0, gt=0)
-    deadline: float = Field(1800.0, gt=0)  # seconds the whole sweep may take
+    pair_timeout: float = Field(300.0, gt=0, json_schema_extra=also(DURATION_TEXT))
+    # seconds the whole sweep may take
+    deadline: float = Field(1800.0, gt=0, json_schema_extra=also(DURATION_TEXT))
     # The fabric, for round 1 inside scalable units and for naming uplinks: "slurm" (the
     # topology/tree plugin's switches, `scontrol show topology`), "flat" (every node under one
     # switch per rail), or a path to a topology.conf or a fabric file (docs/SWEEPS.md,

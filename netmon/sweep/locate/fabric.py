@@ -1,6 +1,7 @@
 """The fabric a sweep runs on: which leaf switch NIC k of each node hangs off, which spines each
 leaf has an uplink to, and which uplink a flow between two nodes takes. Pure: names in, links out
-(docs/SWEEPS.md, "Uplinks").
+(docs/SWEEPS.md, "Uplinks"). A link is a value (Cable, Uplink); its string form is for reports
+and metric labels only.
 
 A pair of nodes under one leaf crosses only their two cables; a pair on two leaves also crosses
 one uplink of each leaf per direction, chosen by the routing:
@@ -17,20 +18,51 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from functools import total_ordering
+from typing import Literal, NamedTuple, TypeAlias
 
 Routing = Literal["table", "ecmp"]
 ROUTINGS: tuple[Routing, ...] = ("table", "ecmp")
 
 
-def cable(node: str, rail: int) -> str:
-    """The link id of a node's cable on one rail: its NIC to its leaf."""
-    return f"{node}/rail{rail}"
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class Cable:
+    """A node's cable on one rail: its NIC to its leaf (node/railK)."""
+
+    node: str
+    rail: int
+
+    def __str__(self) -> str:
+        return f"{self.node}/rail{self.rail}"
+
+    def __lt__(self, other: Cable) -> bool:
+        return str(self) < str(other)  # as its name sorts (rail10 before rail2), as Uplink
 
 
-def uplink(leaf: str, spine: str) -> str:
-    """The link id of a leaf's uplink to one spine."""
-    return f"{leaf}~{spine}"
+@total_ordering
+@dataclass(frozen=True, slots=True)
+class Uplink:
+    """A leaf's uplink to one spine (leaf~spine)."""
+
+    leaf: str
+    spine: str
+
+    def __str__(self) -> str:
+        return f"{self.leaf}~{self.spine}"
+
+    def __lt__(self, other: Uplink) -> bool:
+        # As its name sorts (su11~x before su1~x), not as (leaf, spine): the order candidates
+        # are measured in, and so the rounds, stay those of the sweeps recorded before.
+        return str(self) < str(other)
+
+    @property
+    def ends(self) -> tuple[str, str]:
+        """The switches at its two ends: its leaf and its spine."""
+        return self.leaf, self.spine
+
+
+Link: TypeAlias = Cable | Uplink  # what one measurement of a pair-rail depends on
 
 
 class Hop(NamedTuple):
@@ -42,8 +74,8 @@ class Hop(NamedTuple):
     up: bool
 
     @property
-    def link(self) -> str:
-        return uplink(self.leaf, self.spine)
+    def link(self) -> Uplink:
+        return Uplink(self.leaf, self.spine)
 
 
 @dataclass(frozen=True)
@@ -109,18 +141,17 @@ class Fabric:
                 break
         return tuple(hops)
 
-    def links(self, nodes: Sequence[str], rail: int) -> frozenset[str]:
+    def links(self, nodes: Sequence[str], rail: int) -> frozenset[Link]:
         """Every link a pair's measurement on `rail` depends on: its cables and uplinks."""
-        return frozenset(
-            [cable(n, rail) for n in nodes] + [h.link for h in self.pair_hops(nodes, rail)]
-        )
+        cables: list[Link] = [Cable(n, rail) for n in nodes]
+        return frozenset(cables + [h.link for h in self.pair_hops(nodes, rail)])
 
     def crosses(self, nodes: Sequence[str], rail: int) -> bool:
         leaves = {self.leaf(n, rail) for n in nodes}
         return None not in leaves and len(leaves) > 1
 
-    def all_uplinks(self) -> list[str]:
-        return [uplink(leaf, spine) for leaf, spines in self.spines.items() for spine in spines]
+    def all_uplinks(self) -> list[Uplink]:
+        return [Uplink(leaf, spine) for leaf, spines in self.spines.items() for spine in spines]
 
 
 def rail_optimised(

@@ -6,8 +6,8 @@ fails too, on a rail it failed on before: two failures, one with a known good pa
 ends of a failed pair pass with others, the pair is measured again as it was: failing again
 names the path between them, passing says it was noise. A skipped pair (preempted, busy, error,
 timeout) is never judged: its nodes are tried again while they stay idle, and a failed pair the
-rounds could not explain is reported undecided. Each class's level is its round-1 matching's:
-later rounds are made of failed ends, and would pull it down.
+rounds could not explain is reported undecided. How each pair is judged is
+netmon.sweep.locate.pair_verdict's; what each node showed so far, netmon.sweep.locate.partners'.
 """
 
 from __future__ import annotations
@@ -20,21 +20,11 @@ from dataclasses import dataclass, field
 
 from netmon.baseline.book import BaselineBook
 from netmon.sweep.locate import blind, plan, uplink_plan
-from netmon.sweep.locate.fabric import Fabric, cable
-from netmon.sweep.locate.judge import (
-    Cohort,
-    RailVerdict,
-    Rules,
-    class_cohorts,
-    class_name,
-    history_key,
-    history_lines,
-    judge_rail,
-    tier,
-    widened,
-)
+from netmon.sweep.locate.fabric import Cable, Fabric, Uplink
+from netmon.sweep.locate.judge import Rules
+from netmon.sweep.locate.pair_verdict import JudgedPair, SweepJudge
+from netmon.sweep.locate.partners import Partners
 from netmon.sweep.locate.plan import Odd, PairPlan, SweepNode
-from netmon.sweep.locate.uplink_plan import RoundLoad
 from netmon.sweep.locate.uplinks import Ledger
 from netmon.sweep.scheduler import PairRun
 
@@ -48,29 +38,6 @@ CONFIRMING = ("locate", "path", "uplink", "quiet")
 
 
 @dataclass(frozen=True)
-class JudgedPair:
-    run: PairRun
-    rails: tuple[RailVerdict, ...] = ()  # empty when skipped
-
-    @property
-    def passed(self) -> bool | None:
-        """True, False, or None when it was not measured."""
-        if self.run.outcome != "ok":
-            return None
-        return all(r.passed for r in self.rails)
-
-    @property
-    def failed_rails(self) -> tuple[int, ...]:
-        return tuple(r.rail for r in self.rails if not r.passed)
-
-    @property
-    def worst_ratio(self) -> float | None:
-        """The lowest busbw over expected of its failed rails."""
-        ratios = [r.ratio for r in self.rails if not r.passed and r.ratio is not None]
-        return min(ratios) if ratios else None
-
-
-@dataclass(frozen=True)
 class Suspect:
     node: str  # the node; for an uplink, its leaf switch; for a switch, the switch
     rails: tuple[int, ...]
@@ -79,6 +46,13 @@ class Suspect:
     round: int = 0
     kind: str = "node"  # node, path, uplink or switch
     ratio: float | None = None  # the worst failure's busbw over its expected level
+
+    @property
+    def uplink(self) -> Uplink | None:
+        """The uplink named, for an uplink (its leaf and spine); None for other kinds."""
+        if self.kind != "uplink" or self.peer is None:
+            return None
+        return Uplink(self.node, self.peer)
 
 
 @dataclass
@@ -97,15 +71,12 @@ class Localiser:
     gone: set[str] = field(default_factory=set)  # no longer idle: taken by a job, drained
     waiting: list[str] = field(default_factory=list)  # the odd node out, for the next sweep
     # Failed pairs (or trios) not yet explained, each as its sorted members, with the rails
-    # they failed on; and every node's failed rails and the nodes it failed with.
+    # they failed on; and whom every node passed and failed with, on which rails.
     _groups: dict[tuple[str, ...], frozenset[int]] = field(default_factory=dict)
-    _failed_rails: dict[str, set[int]] = field(default_factory=dict)
-    _failed_with: dict[str, set[str]] = field(default_factory=dict)
+    _partners: Partners = field(default_factory=Partners)
     _path_checked: set[tuple[str, ...]] = field(default_factory=set)
-    _passed_with: dict[str, set[str]] = field(default_factory=dict)
     _rounds: int = 0
-    _cohorts: dict[tuple[str, int], Cohort] = field(default_factory=dict)
-    _by_name: dict[str, SweepNode] = field(default_factory=dict)
+    _judge: SweepJudge = field(init=False)
     # Where the fabric is known: round 1 inside groups, uplinks crossed and named.
     fabric: Fabric | None = None
     ledger: Ledger | None = None
@@ -118,6 +89,7 @@ class Localiser:
     max_nodes_without_fabric: int = blind.MAX_NODES_WITHOUT_FABRIC
 
     def __post_init__(self) -> None:
+        self._judge = SweepJudge(self.nodes, self.rules, self.history, self.fabric)
         if self.fabric is not None:
             self.ledger = self.ledger or Ledger(self.fabric)
             self._group_of = {n.name: self.fabric.group(n.name, n.rails) for n in self.nodes}
@@ -166,12 +138,12 @@ class Localiser:
 
     def _locate_round(self) -> list[PairPlan]:
         for node in list(self._provisional):
-            witnesses = [n for n in sorted(self.good - self.gone) if not self._failed_rails.get(n)]
+            witnesses = self._partners.witnesses(sorted(self.good - self.gone))
             quiet = blind.quiet_pair(
                 node,
-                self._node(node).rails,
+                self._judge.node(node).rails,
                 witnesses,
-                self._avoid().get(node, ()),
+                self._partners.avoid().get(node, ()),
                 self._rounds + 1,
             )
             if quiet is not None and node not in self.gone:
@@ -202,93 +174,37 @@ class Localiser:
             checks, to_test = checks[:1], []  # without a fabric, a path is measured alone
         available = [n for n in self.nodes if n.name not in self.gone]
         good = sorted(self.good - self.gone)
-        # Witnesses have never failed: a node that failed and then passed is cleared of one
-        # failure, not vouched for, and its next failure is its own (_learn_outcome).
-        witnesses = [n for n in good if not self._failed_rails.get(n)]
         pairs = plan.locate_round(
             available,
             self._rounds + 1,
             to_test,
-            witnesses,
+            self._partners.witnesses(good),
             checks,
             self.rng,
-            self._avoid(),
+            self._partners.avoid(),
             self._group_of or None,
-            self._class_levels(),
+            self._judge.class_levels(),
         )
-        if self.ledger is not None:
-            pairs = self._apart_on_uplinks(pairs)
-            pairs += self._uplink_pairs(available, pairs, good)
+        if self.ledger is not None and self.fabric is not None:
+            pairs = uplink_plan.apart(self.fabric, pairs)
+            free = [n for n in good if n not in self.named]
+            pairs += uplink_plan.plan_round(
+                self.ledger, available, free, pairs, self._rounds + 1, self.rng, self._group_of
+            )
         return [self._confirming(pair) for pair in pairs]
 
-    def _apart_on_uplinks(self, pairs: Sequence[PairPlan]) -> list[PairPlan]:
-        """The round's pairs whose flows share no uplink direction with an earlier one: two
-        locate pairs from one leaf to destinations on the same port would halve each other
-        and name both healthy ends. Those left out wait for the next round."""
-        assert self.fabric is not None
-        load = RoundLoad(self.fabric)
-        kept = []
-        for pair in pairs:
-            if load.fitting(pair.nodes, pair.rails) is None:
-                continue
-            load.take(pair.nodes, pair.rails)
-            kept.append(pair)
-        return kept
-
-    def _class_levels(self) -> dict[str, float]:
-        """Each node class's level (its own cohorts' mean over rails and tiers)."""
-        levels: dict[str, list[float]] = {}
-        for (cls, _), cohort in self._cohorts.items():
-            kinds = cls.partition("@")[0]
-            if "+" not in kinds:
-                levels.setdefault(kinds, []).append(cohort.level)
-        return {kind: sum(found) / len(found) for kind, found in levels.items()}
-
     def _vouched(self, node: str) -> bool:
-        """Good twice: passed with two different partners, or once with a history of passing
-        sweeps behind it. One pass of a flapping node is a coin that came up heads."""
-        partners = self._passed_with.get(node, set())
-        if len(partners) >= 2:
-            return True
-        if not partners:
-            return False
-        rails = self._node(node).rails
-        size = self.rules.size
-        return all(self.history.lines(history_key(node, r, size)) for r in range(rails))
-
-    def _avoid(self) -> dict[str, set[str]]:
-        """Who each node must not be paired with: those it failed with, and those it passed
-        with (a second pass with the same partner vouches for nothing new)."""
-        avoid = {name: set(peers) for name, peers in self._failed_with.items()}
-        for name, peers in self._passed_with.items():
-            avoid.setdefault(name, set()).update(peers)
-        return avoid
+        return self._partners.vouched(node, self._judge.has_history)
 
     def _confirming(self, pair: PairPlan) -> PairPlan:
         if pair.purpose in CONFIRMING:
             return dataclasses.replace(pair, repeats=self.confirm_repeats)
         return pair
 
-    def _uplink_pairs(
-        self, available: Sequence[SweepNode], taken: Sequence[PairPlan], good: Sequence[str]
-    ) -> list[PairPlan]:
-        """Good nodes no other pair of the round uses, across leaves: candidate uplinks
-        measured again, then uplinks not crossed yet; no uplink direction used twice."""
-        assert self.ledger is not None and self.fabric is not None
-        load = RoundLoad(self.fabric)
-        for pair in taken:
-            load.take(pair.nodes, pair.rails)
-        busy = {n for pair in taken for n in pair.nodes}
-        free = [n for n in good if n not in busy and n not in self.named]
-        return uplink_plan.plan_round(
-            self.ledger, available, free, load, self._rounds + 1, self.rng, self._group_of
-        )
-
     def record(self, runs: Sequence[PairRun]) -> list[JudgedPair]:
         """Judge one round's runs and update what is known of each node."""
         good_before = set(self.good)
-        self._cohorts = self._round_cohorts([*(p.run for p in self.judged), *runs])
-        judged = [self._judge(run) for run in runs]
+        judged = self._judge.judge_round(runs, [p.run for p in self.judged])
         self.judged.extend(judged)
         if self.ledger is not None:
             for pair in judged:
@@ -314,59 +230,6 @@ class Localiser:
             self._learn_outcome(pair, good_before)
         return judged
 
-    def _judge(self, run: PairRun) -> JudgedPair:
-        if run.outcome != "ok":
-            return JudgedPair(run)
-        nodes = run.plan.nodes
-        rails = tuple(
-            judge_rail(
-                rail,
-                busbw,
-                self._cohort(nodes, rail),
-                history_lines(self.history, nodes, rail, self.rules.size),
-                self.rules,
-            )
-            for rail, busbw in enumerate(run.busbw)
-        )
-        return JudgedPair(run, rails)
-
-    def _round_cohorts(self, runs: Sequence[PairRun]) -> dict[tuple[str, int], Cohort]:
-        """Each (class, rail)'s cohort: round 1's matching, not later rounds of failed ends."""
-        values: dict[tuple[str, int], list[float]] = {}
-        for run in runs:
-            if run.outcome != "ok" or run.plan.purpose not in ("match", "cover"):
-                continue
-            for rail, busbw in enumerate(run.busbw):
-                values.setdefault((self._class(run.plan.nodes, rail), rail), []).append(busbw)
-        return class_cohorts(widened(values), self.rules)
-
-    def _class(self, nodes: Sequence[str], rail: int) -> str:
-        """The pair's node classes and fabric tier: what its busbw is compared within."""
-        if self.fabric is not None:
-            where = tier([self.fabric.leaf(n, rail) for n in nodes])
-        else:
-            where = tier([self._node(n).leaf for n in nodes])
-        return f"{class_name(self._node(n).kind for n in nodes)}@{where}"
-
-    def _cohort(self, nodes: Sequence[str], rail: int) -> Cohort | None:
-        """The pair's class's cohort; a pair across classes, which runs at its slower end's
-        speed, takes the slowest of its members' own classes' (same tier)."""
-        found = self._cohorts.get((self._class(nodes, rail), rail))
-        if found is not None:
-            return found
-        kinds = {self._node(n).kind for n in nodes}
-        if len(kinds) < 2:
-            return None
-        where = self._class(nodes, rail).partition("@")[2]
-        own = [self._cohorts.get((f"{class_name([k])}@{where}", rail)) for k in kinds]
-        present = [c for c in own if c is not None]
-        return min(present, key=lambda c: c.level) if len(present) == len(own) else None
-
-    def _node(self, name: str) -> SweepNode:
-        if len(self._by_name) != len(self.nodes):
-            self._by_name = {n.name: n for n in self.nodes}
-        return self._by_name[name]
-
     def _learn_outcome(self, pair: JudgedPair, good_before: set[str]) -> None:
         nodes = pair.run.plan.nodes
         if pair.passed is None:
@@ -378,8 +241,7 @@ class Localiser:
                 return
         if pair.passed:
             self.good |= set(nodes)
-            for node in nodes:
-                self._passed_with.setdefault(node, set()).update(set(nodes) - {node})
+            self._partners.passed(nodes)
             if pair.run.plan.purpose == "path":
                 self._path_checked.add(_key(nodes))
             return
@@ -402,9 +264,8 @@ class Localiser:
                     )
                 )
             return
-        for node in nodes:
-            self._failed_with.setdefault(node, set()).update(set(nodes) - {node})
-        unknown = [n for n in nodes if self._suspect_end(n, good_before)]
+        self._partners.failed(nodes)
+        unknown = [n for n in nodes if self._partners.suspect_end(n, good_before)]
         if not unknown:
             return  # between witnesses: one failure of a node cleared before, noise
         if len(unknown) == 1 and len(nodes) > 1:
@@ -413,19 +274,8 @@ class Localiser:
                 self._against_good(unknown[0], rails, pair.run.plan.round, pair.worst_ratio)
             return
         for node in unknown:
-            self._failed_rails.setdefault(node, set()).update(failed)
+            self._partners.failed_on(node, failed)
         self._groups[_key(unknown)] = failed
-
-    def _suspect_end(self, node: str, good_before: set[str]) -> bool:
-        """Whether a failed pair's failure may be this end's: not known good; or known good
-        but failing more than passing, by two partners (a marginal cable passes now and then,
-        and would never be named once it had; a healthy node fails by noise now and then)."""
-        if node not in good_before:
-            return True
-        if not self._failed_rails.get(node):
-            return False
-        fails = len(self._failed_with.get(node, ()))
-        return fails >= len(self._passed_with.get(node, ())) + 2
 
     def _uplinks_clear(self, nodes: Sequence[str], rail: int, node: str) -> bool:
         """A failure across leaves names a node only when every uplink its pair crossed has
@@ -433,14 +283,14 @@ class Localiser:
         if self.ledger is None or self.fabric is None:
             return True
         hops = self.fabric.pair_hops(nodes, rail)
-        return all(self.ledger.clear(h.link, cable(node, rail)) for h in hops)
+        return all(self.ledger.clear(h.link, Cable(node, rail)) for h in hops)
 
     def _against_good(
         self, node: str, failed: frozenset[int], round_: int, ratio: float | None
     ) -> None:
         """`node` failed with a good partner: named on the rails it failed on both times; on
         other rails only, it is tried again (noise on one rail, then on another, is noise)."""
-        before = self._failed_rails.get(node, set())
+        before = self._partners.rails_failed(node)
         rails = failed & before if before else failed
         if rails:
             suspect = Suspect(node, tuple(sorted(rails)), None, round_, "node", ratio)
@@ -449,15 +299,15 @@ class Localiser:
                 return
             self.named[node] = suspect
             if self.ledger is not None:
-                self.ledger.named_cables |= {cable(node, r) for r in rails}
+                self.ledger.named_cables |= {Cable(node, r) for r in rails}
         else:
-            self._failed_rails.setdefault(node, set()).update(failed)
+            self._partners.failed_on(node, failed)
 
     def suspects(self) -> list[Suspect]:
         named = sorted(self.named.values(), key=lambda s: s.node) + list(self.paths)
         if self.ledger is not None:
             named += [
-                Suspect(u.leaf, (u.rail,), u.spine, u.round, "uplink", u.ratio)
+                Suspect(u.link.leaf, (u.rail,), u.link.spine, u.round, "uplink", u.ratio)
                 for u in self.ledger.named.values()
             ]
             named += [
@@ -478,17 +328,8 @@ class Localiser:
         )
 
     def learn(self) -> None:
-        """After the sweep: every pair that passed teaches both its ends (a named node learns
-        nothing; the history's own rule learns only results over its healthy line)."""
-        for pair in self.judged:
-            if not pair.passed:
-                continue
-            for node in pair.run.plan.nodes:
-                if node in self.named:
-                    continue
-                for verdict in pair.rails:
-                    key = history_key(node, verdict.rail, self.rules.size)
-                    self.history.learn_healthy(key, verdict.busbw)
+        """After the sweep: every pair that passed teaches both its ends' history."""
+        self._judge.learn(self.judged, self.named)
 
 
 def _key(nodes: Sequence[str]) -> tuple[str, ...]:

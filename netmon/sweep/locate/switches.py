@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
+from netmon.sweep.locate.fabric import Link, Uplink
+
 MIN_FAILS = 4  # failed pair-rails through the switch, no two sharing a node
 MIN_LINKS = 3  # of its uplinks among them: one bad uplink is an uplink, not a switch
 MAX_PASS_SHARE = 0.1  # passes through it, over its failures
@@ -29,7 +31,7 @@ class Seen(Protocol):
     @property
     def rail(self) -> int: ...
     @property
-    def links(self) -> frozenset[str]: ...
+    def links(self) -> frozenset[Link]: ...
     @property
     def passed(self) -> bool: ...
     @property
@@ -46,7 +48,7 @@ class NamedSwitch:
     rail: int
     round: int
     ratio: float | None  # the worst failure's busbw over its expected level
-    links: frozenset[str]  # its uplinks the failures went through
+    links: frozenset[Uplink]  # its uplinks the failures went through
 
 
 @dataclass
@@ -54,13 +56,7 @@ class _Tally:
     level: Literal["leaf", "spine"]
     passes: int = 0
     fails: list[Seen] = field(default_factory=list)
-    links: set[str] = field(default_factory=set)
-
-
-def through(link: str) -> tuple[str, str]:
-    """(leaf, spine) of an uplink id leaf~spine."""
-    leaf, _, spine = link.partition("~")
-    return leaf, spine
+    links: set[Uplink] = field(default_factory=set)
 
 
 def tally(
@@ -71,8 +67,8 @@ def tally(
     a slow leaf fails every pair that leaves it, and that is the leaf's to explain)."""
     found: dict[str, _Tally] = {}
     for obs in observations:
-        for link in (link for link in obs.links if "~" in link):
-            for switch, level in zip(through(link), ("leaf", "spine"), strict=True):
+        for link in (link for link in obs.links if isinstance(link, Uplink)):
+            for switch, level in zip(link.ends, ("leaf", "spine"), strict=True):
                 entry = found.setdefault(switch, _Tally(level))  # type: ignore[arg-type]
                 if obs.passed:
                     entry.passes += 1

@@ -13,7 +13,7 @@ import random
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from netmon.sweep.locate.fabric import Fabric, Hop
+from netmon.sweep.locate.fabric import Fabric, Hop, Uplink
 from netmon.sweep.locate.plan import PairPlan, SweepNode
 from netmon.sweep.locate.uplinks import Ledger
 
@@ -89,21 +89,40 @@ class Pool:
         return len(self.names) - len(self.placed)
 
 
+def apart(fabric: Fabric, pairs: Sequence[PairPlan]) -> list[PairPlan]:
+    """The round's pairs whose flows share no uplink direction with an earlier one: two
+    locate pairs from one leaf to destinations on the same port would halve each other
+    and name both healthy ends. Those left out wait for the next round."""
+    load = RoundLoad(fabric)
+    kept = []
+    for pair in pairs:
+        if load.fitting(pair.nodes, pair.rails) is None:
+            continue
+        load.take(pair.nodes, pair.rails)
+        kept.append(pair)
+    return kept
+
+
 def plan_round(
     ledger: Ledger,
     nodes: Sequence[SweepNode],
     free: Collection[str],
-    load: RoundLoad,
+    taken: Sequence[PairPlan],
     round_: int,
     rng: random.Random,
     group_of: Mapping[str, Hashable] | None = None,
 ) -> list[PairPlan]:
-    """Pairs of `free` (nodes known good, not in another pair this round): first one per
-    candidate uplink, then pairs that cross uplinks no flow has crossed yet."""
+    """Pairs of `free` (nodes known good) that no pair `taken` in this round already uses:
+    first one per candidate uplink, then pairs that cross uplinks no flow has crossed yet; no
+    uplink direction used twice in the round."""
+    load = RoundLoad(ledger.fabric)
+    for pair in taken:
+        load.take(pair.nodes, pair.rails)
+    busy = {n for pair in taken for n in pair.nodes}
     by_name = {n.name: n for n in nodes}
     rails = max((n.rails for n in nodes), default=1)
     groups = group_of or {n.name: ledger.fabric.group(n.name, rails) for n in nodes}
-    names = [name for name in free if name in by_name]
+    names = [name for name in free if name in by_name and name not in busy]
     rng.shuffle(names)
     pool = Pool(names, by_name, groups, ledger.fabric)
     plans = _retests(ledger, pool, load, round_, rng)
@@ -124,22 +143,21 @@ def _retests(
     their passing clears them, and the worst then has clear partners in the next round."""
     fabric = ledger.fabric
     candidates = ledger.candidates()
-    worst: dict[str, str] = {}
+    worst: dict[str, Uplink] = {}
     for link in candidates:
-        worst.setdefault(link.partition("~")[2], link)
+        worst.setdefault(link.spine, link)
     plans = []
     for link in candidates:
-        leaf, _, spine = link.partition("~")
-        rail = fabric.rail_of(leaf)
+        rail = fabric.rail_of(link.leaf)
         # Only nodes not yet in a failure of this uplink: a node's cable measured through it
         # twice would confirm its own flapping as the uplink's fault.
         seen = ledger.seen_failing(link)
-        here = [n for n in pool.under(leaf) if n not in seen]
-        if worst[spine] == link:
-            partner_ok = _clear_beside(ledger, leaf)
+        here = [n for n in pool.under(link.leaf) if n not in seen]
+        if worst[link.spine] == link:
+            partner_ok = _clear_beside(ledger, link.leaf)
         else:
             partner_ok = _not_through(set(worst.values()))
-        found = _through(ledger, pool, here, (leaf, rail, spine), load, rng, seen, partner_ok)
+        found = _through(ledger, pool, here, (link, rail), load, rng, seen, partner_ok)
         if found is not None:
             plans.append(_place(found, pool, load, round_, "uplink"))
     return plans
@@ -150,7 +168,7 @@ def _clear_beside(ledger: Ledger, leaf: str) -> Callable[[Sequence[Hop]], bool]:
     return lambda hops: all(ledger.clear(h.link) for h in hops if h.leaf != leaf)
 
 
-def _not_through(links: Collection[str]) -> Callable[[Sequence[Hop]], bool]:
+def _not_through(links: Collection[Uplink]) -> Callable[[Sequence[Hop]], bool]:
     return lambda hops: not any(h.link in links for h in hops)
 
 
@@ -158,7 +176,7 @@ def _through(
     ledger: Ledger,
     pool: Pool,
     here: Sequence[str],
-    where: tuple[str, int, str],
+    where: tuple[Uplink, int],
     load: RoundLoad,
     rng: random.Random,
     avoid: Collection[str] | None = None,
@@ -168,13 +186,13 @@ def _through(
     rail goes through the spine, fitting the round. With `avoid` (a retest), the partner is
     none of those; `partner_ok` judges the pair's uplink directions."""
     fabric = ledger.fabric
-    leaf, rail, spine = where
+    link, rail = where
     for x in here[:CANDIDATE_TRIES]:
-        for y in pool.elsewhere(leaf, rail, rng, CANDIDATE_TRIES):
+        for y in pool.elsewhere(link.leaf, rail, rng, CANDIDATE_TRIES):
             if avoid is not None and y in avoid:
                 continue
             hops = fabric.pair_hops((x, y), rail)
-            if not any(h.spine == spine for h in hops):
+            if not any(h.spine == link.spine for h in hops):
                 continue
             if partner_ok is not None and not partner_ok(hops):
                 continue
@@ -212,7 +230,7 @@ def _cover_groups(pool: Pool, load: RoundLoad, round_: int) -> list[PairPlan]:
 
 def _cover_each(
     ledger: Ledger,
-    uncovered: Sequence[str],
+    uncovered: Sequence[Uplink],
     pool: Pool,
     load: RoundLoad,
     round_: int,
@@ -223,15 +241,14 @@ def _cover_each(
     plans = []
     todo = list(uncovered)
     rng.shuffle(todo)
-    covered: set[str] = set()
+    covered: set[Uplink] = set()
     for link in todo[:COVER_EACH_MAX]:
         if pool.free() < 2:
             break
         if link in covered:
             continue
-        leaf, _, spine = link.partition("~")
-        rail = fabric.rail_of(leaf)
-        found = _through(ledger, pool, pool.under(leaf), (leaf, rail, spine), load, rng)
+        rail = fabric.rail_of(link.leaf)
+        found = _through(ledger, pool, pool.under(link.leaf), (link, rail), load, rng)
         if found is not None:
             covered |= {h.link for h in found[1]}
             plans.append(_place(found, pool, load, round_, "cover"))

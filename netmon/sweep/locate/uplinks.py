@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from netmon.sweep.locate import switches
-from netmon.sweep.locate.fabric import Fabric
+from netmon.sweep.locate.fabric import Cable, Fabric, Link, Uplink
 
 CONFIRM = 2  # isolated failures that name an uplink
 # The sweep's failures across leaves (their cables clear) that need more uplinks than this to
@@ -33,12 +34,14 @@ MISMATCH_SHARE = 0.02
 # many uplinks but one switch to explain.
 MISMATCH_MIN_SWITCHES = 2
 
+Element = TypeVar("Element", str, Uplink)  # what a hitting set picks: uplinks, or switches
+
 
 @dataclass(frozen=True)
 class Observation:
     nodes: tuple[str, ...]
     rail: int
-    links: frozenset[str]
+    links: frozenset[Link]
     passed: bool
     round: int
     ratio: float | None = None
@@ -47,9 +50,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class NamedUplink:
-    link: str
-    leaf: str
-    spine: str
+    link: Uplink
     rail: int
     round: int
     ratio: float | None  # the worst isolated failure's busbw over its expected level
@@ -62,11 +63,11 @@ class Ledger:
     fabric: Fabric
     confirm: int = CONFIRM
     observations: list[Observation] = field(default_factory=list)
-    passes: dict[str, int] = field(default_factory=dict)
-    fails: dict[str, list[int]] = field(default_factory=dict)  # link -> failed observations
-    crossed: set[str] = field(default_factory=set)  # uplinks some observation crossed
-    named: dict[str, NamedUplink] = field(default_factory=dict)
-    named_cables: set[str] = field(default_factory=set)  # the node sweep's named cables
+    passes: dict[Link, int] = field(default_factory=dict)
+    fails: dict[Link, list[int]] = field(default_factory=dict)  # link -> failed observations
+    crossed: set[Uplink] = field(default_factory=set)  # uplinks some observation crossed
+    named: dict[Uplink, NamedUplink] = field(default_factory=dict)
+    named_cables: set[Cable] = field(default_factory=set)  # the node sweep's named cables
     # Leaves and spines slow on all their uplinks (netmon.sweep.locate.switches): their uplinks'
     # failures are theirs, and none of those uplinks is named alone.
     named_switches: dict[str, switches.NamedSwitch] = field(default_factory=dict)
@@ -95,7 +96,7 @@ class Ledger:
                 self.fails.setdefault(link, []).append(index)
         self.crossed |= {h.link for h in self.fabric.pair_hops(nodes, rail)}
 
-    def clear(self, link: str, given: str | None = None) -> bool:
+    def clear(self, link: Link, given: Link | None = None) -> bool:
         """Passed at least once, and at least as often as it failed; failures shared with
         `given` are that link's to explain (a bad uplink fails the cables beside it too)."""
         passes = self.passes.get(link, 0)
@@ -104,13 +105,13 @@ class Ledger:
             fails = [i for i in fails if given not in self.observations[i].links]
         return passes >= 1 and passes >= len(fails)
 
-    def _bad(self, link: str) -> bool:
+    def _bad(self, link: Uplink) -> bool:
         return len(self.fails.get(link, ())) > self.passes.get(link, 0)
 
-    def _uplinks(self, obs: Observation) -> set[str]:
-        return {link for link in obs.links if "~" in link}
+    def _uplinks(self, obs: Observation) -> set[Uplink]:
+        return {link for link in obs.links if isinstance(link, Uplink)}
 
-    def isolated(self, link: str) -> list[Observation]:
+    def isolated(self, link: Uplink) -> list[Observation]:
         """Failed observations of `link` whose every other link is clear."""
         found = []
         for index in self.fails.get(link, ()):
@@ -131,7 +132,7 @@ class Ledger:
             for obs in self._failed()
             if self._uplinks(obs)
             and not self._explained(obs)
-            and all(self.clear(link) for link in obs.links if "~" not in link)
+            and all(self.clear(link) for link in obs.links if isinstance(link, Cable))
         ]
         limit = max(MISMATCH_MIN_UPLINKS, math.ceil(MISMATCH_SHARE * len(self.crossed)))
         needed = hitting_set_size(unexplained)
@@ -166,11 +167,8 @@ class Ledger:
             # retest that met a flapping cable.
             if sum(obs.confirming for obs in blamed) < self.confirm:
                 continue
-            leaf, _, spine = link.partition("~")
             ratios = [obs.ratio for obs in blamed if obs.ratio is not None]
-            named = NamedUplink(
-                link, leaf, spine, blamed[0].rail, round_, min(ratios) if ratios else None
-            )
+            named = NamedUplink(link, blamed[0].rail, round_, min(ratios) if ratios else None)
             self.named[link] = named
             new.append(named)
         return new
@@ -184,22 +182,20 @@ class Ledger:
         """The observation's cables have passed at least as often as they failed, not
         counting failures through `switch`."""
         for link in obs.links:
-            if "~" in link:
+            if isinstance(link, Uplink):
                 continue
             passes = self.passes.get(link, 0)
             fails = [
                 i
                 for i in self.fails.get(link, ())
-                if not any(
-                    switch in switches.through(u) for u in self._uplinks(self.observations[i])
-                )
+                if not any(switch in u.ends for u in self._uplinks(self.observations[i]))
             ]
             if passes < 1 or passes < len(fails):
                 return False
         return True
 
-    def _on_named_switch(self, link: str) -> bool:
-        return any(end in self.named_switches for end in switches.through(link))
+    def _on_named_switch(self, link: Uplink) -> bool:
+        return any(end in self.named_switches for end in link.ends)
 
     def _failed(self) -> Iterable[Observation]:
         return (obs for obs in self.observations if not obs.passed)
@@ -213,16 +209,16 @@ class Ledger:
             return True
         return all(self.clear(link) for link in obs.links)
 
-    def seen_failing(self, link: str) -> set[str]:
+    def seen_failing(self, link: Uplink) -> set[str]:
         """Nodes of the failed observations of `link`."""
         return {n for i in self.fails.get(link, ()) for n in self.observations[i].nodes}
 
-    def candidates(self) -> list[str]:
+    def candidates(self) -> list[Uplink]:
         """Uplinks of failed observations still unexplained, worst first: measure these again
         (none once the routing model is known not to fit)."""
         if self.mismatch is not None:
             return []
-        found: dict[str, int] = {}
+        found: dict[Uplink, int] = {}
         for obs in self._failed():
             if self._explained(obs):
                 continue
@@ -235,27 +231,27 @@ class Ledger:
                     found[link] = found.get(link, 0) + 1
         return sorted(found, key=lambda link: (-found[link], link))
 
-    def undecided(self) -> list[str]:
+    def undecided(self) -> list[Uplink]:
         return self.candidates()
 
-    def uncovered(self) -> list[str]:
+    def uncovered(self) -> list[Uplink]:
         if self.mismatch is not None:
             return []  # crossing more of them would tell nothing
         return [link for link in self.fabric.all_uplinks() if link not in self.crossed]
 
 
-def _switches(links: Collection[str]) -> set[str]:
-    """The leaves and spines of uplinks (leaf~spine)."""
-    return {switch for link in links for switch in link.split("~")}
+def _switches(links: Collection[Uplink]) -> set[str]:
+    """The leaves and spines of uplinks."""
+    return {switch for link in links for switch in link.ends}
 
 
-def hitting_set_size(sets: Sequence[Collection[str]]) -> int:
+def hitting_set_size(sets: Sequence[Collection[Element]]) -> int:
     """How many elements a greedy pick needs to touch every set (within ln n + 1 times the
     optimum, and the optimum itself when one element or a few disjoint ones do)."""
     left = [set(s) for s in sets if s]
     picked = 0
     while left:
-        counts: dict[str, int] = {}
+        counts: dict[Element, int] = {}
         for members in left:
             for element in members:
                 counts[element] = counts.get(element, 0) + 1
