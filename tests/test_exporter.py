@@ -273,7 +273,7 @@ def test_help_says_values_are_measured_by_the_probes_not_at_scrape_time() -> Non
 def test_exposition_parses_back_with_one_type_per_family() -> None:
     text = exposition(make_registry(lambda: SNAPSHOT))
     types = {family.name: family.type for family in text_string_to_metric_families(text)}
-    counters = {"runs", "failures", "skips", "busy_seconds"}
+    counters = {"runs", "failures", "skips", "busy_seconds", "rank_cpu_seconds"}
     assert {name for name, kind in types.items() if kind == "counter"} == {
         f"netmon_probe_{name}" for name in counters
     } | {
