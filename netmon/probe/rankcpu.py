@@ -4,7 +4,8 @@ A rank reads its own CPU time (every thread's: gloo's and NCCL's too) as it ente
 when it is done; whoever reaps it (the rank zygote, or the launcher for a spawned rank) has its
 whole time from wait4, its exit included. A phase's cost is the difference between its mark and
 the next; `start` runs from the fork (or the exec) to the first phase, `exit` from the last mark
-to the reaping. A rank killed before it was done has no `exit` figure, only what it marked.
+to the reaping. A rank killed before it was done has no `exit`: its last phase runs to its
+reaping; one not reaped by us (its zygote lost) has only what it marked.
 """
 
 from __future__ import annotations
