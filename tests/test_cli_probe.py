@@ -16,6 +16,7 @@ from netmon.cli import report, table
 from netmon.config import NetmonConfig, ProbeConfig
 from netmon.probe.build import build_spec
 from netmon.probe.spec import ProbeEnvironment, ProbeFailure, ProbeOutcome, SizeResult
+from tests.terminal import read_all
 
 NETMON = [sys.executable, "-m", "netmon"]
 # The probe table's columns: by default, and with --wide.
@@ -398,16 +399,7 @@ def test_on_an_80_column_terminal_the_table_fits_it(tmp_path: Path) -> None:
         timeout=120,
     )
     os.close(follower)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the terminal's other end is closed and drained
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(leader)
+    output = read_all(leader)
     assert done.returncode == 0, done.stderr
     lines = output.decode().replace("\r\n", "\n").splitlines()
     assert any(line.strip().startswith("1048576") for line in lines), lines

@@ -12,6 +12,7 @@ import sys
 from types import SimpleNamespace
 
 from netmon.cli.progress import Progress, left_s, status_line
+from tests.terminal import read_all
 
 
 def test_the_time_left_is_the_pace_so_far() -> None:
@@ -65,16 +66,7 @@ def probe(stderr_on_a_terminal: bool) -> str:
     leader, follower = pty.openpty()
     ran = subprocess.run(args, stdout=subprocess.PIPE, stderr=follower, timeout=300)
     os.close(follower)
-    written = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the terminal's other end is closed and drained
-            break
-        if not chunk:
-            break
-        written += chunk
-    os.close(leader)
+    written = read_all(leader)
     assert ran.returncode == 0, written
     return written.decode()
 
