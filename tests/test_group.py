@@ -1,6 +1,6 @@
 """Node groups for real: several daemons on loopback form a group and probe across "nodes".
 
-Each daemon is a real `netmon serve` with its own store agent (torch's TCPStore) and its own gloo
+Each daemon is a real `netmon serve` with its own store agent (netmon.group.store) and its own gloo
 rank; members differ by port. Killing and restarting members exercises absence, rejoining and
 leader handover, with every wait bounded.
 """

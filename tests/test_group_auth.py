@@ -1,14 +1,12 @@
 """Node-group authentication: sealed messages, stores bound to one address, and intruders.
 
 The sealing itself is pure and tested with literals. The rest is real: the store agent in its own
-process, real daemons on loopback, and an intruder that speaks TCPStore to a member's port with
-torch, as anyone on the network could.
+process, real daemons on loopback, and an intruder that speaks the member store's protocol to a
+member's port (netmon.group.store), as anyone on the network could.
 """
 
 from __future__ import annotations
 
-import datetime
-import importlib
 import json
 import time
 from collections.abc import Iterator
@@ -17,15 +15,16 @@ from typing import Any
 
 import pytest
 
+from netmon.group import store
 from netmon.group.auth import AuthError, Sealer, check_fresh, read_secret
 from netmon.group.link import GroupError, GroupLink, RejectedMessage, SealedLink
 from netmon.group.members import GroupConfig, bind_address
 from netmon.probe.launcher import Launcher
 from netmon.probe.spec import ProbeSpec
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file, wait_until
+from tests.group_harness import SECRET, store_agent
 from tests.prometheus_harness import free_port
 
-SECRET = b"0123456789abcdef0123456789abcdef"
 sealer = Sealer("rack-a", SECRET)
 
 
@@ -166,13 +165,8 @@ def listeners_on(port: int) -> set[str]:
 
 @pytest.fixture
 def agent() -> Iterator[GroupLink]:
-    member = f"127.0.0.1:{free_port()}"
-    link = GroupLink(int(member.rpartition(":")[2]), "127.0.0.1", member)
-    link.start()
-    try:
+    with store_agent() as link:
         yield link
-    finally:
-        link.stop()
 
 
 def test_the_member_store_listens_on_the_group_address_only(agent: GroupLink) -> None:
@@ -295,6 +289,11 @@ def rejected(daemon: DaemonProcess, member: str) -> float:
     return value or 0.0
 
 
+def refused(daemon: DaemonProcess, reason: str = "bad_handshake") -> float:
+    value = daemon.value("netmon_group_store_refused_total", group="test", reason=reason)
+    return value or 0.0
+
+
 def test_a_member_with_the_wrong_secret_cannot_join(
     tmp_path: Path, started: list[DaemonProcess]
 ) -> None:
@@ -302,8 +301,9 @@ def test_a_member_with_the_wrong_secret_cannot_join(
     daemons = start_members(tmp_path, {good: "the right secret, 32 bytes long..", bad: "x" * 32})
     started.extend(daemons.values())
     honest, outsider = daemons[good], daemons[bad]
-    wait_until(lambda: rejected(honest, bad) >= 3, 60, "the outsider's hellos to be refused")
-    wait_until(lambda: rejected(outsider, good) >= 3, 60, "and the other way round")
+    # Each store refuses the other's handshakes before anything is read or stored.
+    wait_until(lambda: refused(honest) >= 3, 60, "the outsider's handshakes to be refused")
+    wait_until(lambda: refused(outsider) >= 3, 60, "and the other way round")
     for daemon, other in ((honest, bad), (outsider, good)):
         assert daemon.value("netmon_group_member_up", group="test", member=other) == 0.0
         assert daemon.value("netmon_group_members", group="test") == 1.0
@@ -317,14 +317,29 @@ def test_a_member_with_the_wrong_secret_cannot_join(
     )
     assert (honest.value("netmon_probe_runs_total", probe="cross") or 0) == 0
     assert (outsider.value("netmon_probe_runs_total", probe="cross") or 0) == 0
-    assert "group message rejected" in honest.log()
     assert "the right secret" not in honest.log() + outsider.log()
+
+
+class Client:
+    """Someone who speaks the member store's protocol to a member port, holding `secret`."""
+
+    def __init__(self, member: str, secret: bytes) -> None:
+        self.port = int(member.rpartition(":")[2])
+        self.secret = secret
+
+    def set(self, key: str, value: str) -> None:
+        store.run("127.0.0.1", self.port, self.secret, "set", key, 10.0, value=value)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(store.run("127.0.0.1", self.port, self.secret, "check", k, 10.0) for k in keys)
+
+    def num_keys(self) -> int:
+        return int(store.run("127.0.0.1", self.port, self.secret, "count", "", 10.0))
 
 
 def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
     tmp_path: Path, started: list[DaemonProcess]
 ) -> None:
-    dist: Any = importlib.import_module("torch.distributed")
     lead, follow = sorted(f"127.0.0.1:{free_port()}" for _ in range(2))
     secret = "the group's secret, 32 bytes long"
     members = [lead, follow]
@@ -342,13 +357,6 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
         60,
         "the follower to see the leader",
     )
-    store = dist.TCPStore(
-        "127.0.0.1",
-        int(lead.rpartition(":")[2]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=10),
-        wait_for_workers=False,
-    )
 
     def inject(sealer: Sealer, wait_for_ready: bool = False) -> None:
         """A round for the follower in the leader's store, as anyone reaching its port could:
@@ -364,16 +372,40 @@ def test_an_intruder_cannot_inject_a_round_into_a_leaders_store(
             (prefix + "go", {**world, "devices": []}),
             (prefix + "port", {"port": 1}),
         ]
+        # The store admits only holders of the group's secret; this one seals with `sealer`.
+        client = Client(lead, secret.encode())
         for key, body in plan if wait_for_ready else go + plan:
-            store.set(key, sealer.seal(key, body))
+            client.set(key, sealer.seal(key, body))
         if wait_for_ready:
             wait_until(
-                lambda: store.check([prefix + f"ready/{follow}"]), 30, "the follower's readiness"
+                lambda: client.check([prefix + f"ready/{follow}"]), 30, "the follower's readiness"
             )
             for key, body in go:
-                store.set(key, sealer.seal(key, body))
+                client.set(key, sealer.seal(key, body))
 
-    inject(Sealer("test", b"a guessed secret, 32 bytes long."))
+    # Without the group's secret the leader's store takes nothing at all: refused at the
+    # handshake, and counted.
+    guessed = b"a guessed secret, 32 bytes long."
+    with pytest.raises((store.StoreError, OSError)):
+        Client(lead, guessed).set("netmon/current", Sealer("test", guessed).seal("netmon/x", {}))
+    wait_until(
+        lambda: (
+            (
+                (
+                    leader.value(
+                        "netmon_group_store_refused_total", group="test", reason="bad_handshake"
+                    )
+                )
+                or 0
+            )
+            >= 1
+        ),
+        30,
+        "the leader to count the refused handshake",
+    )
+    # A value that reached the store (only a secret holder could write it) sealed with another
+    # secret is still refused by the follower, heartbeat after heartbeat.
+    inject(Sealer("test", guessed))
     wait_until(
         lambda: rejected(follower, lead) >= 3,
         30,
@@ -409,18 +441,11 @@ def test_the_leaders_store_keeps_only_its_last_rounds(
 ) -> None:
     from netmon.serve.rounds import ROUNDS_KEPT
 
-    dist: Any = importlib.import_module("torch.distributed")
     secret = "the group's secret, 32 bytes long"
     lead, follow = sorted(f"127.0.0.1:{free_port()}" for _ in range(2))
     daemons = start_members(tmp_path, {lead: secret, follow: secret}, interval="1s")
     started.extend(daemons.values())
-    store = dist.TCPStore(
-        "127.0.0.1",
-        int(lead.rpartition(":")[2]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=10),
-        wait_for_workers=False,
-    )
+    leaders_store = Client(lead, secret.encode())
     # hello and current, plus per kept round at most: plan, go, port and each member's readiness.
     bound = 2 + ROUNDS_KEPT * (3 + 2)
     counts = []
@@ -432,7 +457,7 @@ def test_the_leaders_store_keeps_only_its_last_rounds(
             120,
             f"{rounds} group rounds",
         )
-        counts.append(int(store.num_keys()))
+        counts.append(leaders_store.num_keys())
     assert max(counts) <= bound, counts
 
 

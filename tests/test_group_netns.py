@@ -3,7 +3,7 @@
 The namespaces are joined by one veth pair shaped with `tc ... tbf` (netem does not exist on
 this kernel), its rate redrawn every second around a nominal one: nominal x (1 + 0.10 z), z
 standard normal (tests/netns.py NoisyRate). At 400 Mbit/s nominal the group round's baseline is
-learned over a full window; cut to 65 % (260 Mbit/s nominal, as noisy) and held for 100
+learned over a full window; cut to 60 % (240 Mbit/s nominal, as noisy) and held for 100
 conclusive rounds (issue 33), `netmon_degraded` must turn 1 within ten conclusive results, stay
 1 with exactly one reason at every result of the hold, and clear within thirty once restored.
 Why not the issue's 25 %: at this noise a quarter's cut is not flagged within ten results in
@@ -272,8 +272,15 @@ HEALTHY_BPS = 400e6  # the cable's nominal rate while healthy, bits/s
 # (the probe's rounds and the rate's redraws do not line up), and at ~8-10 % noise per result
 # the rule flags a 25 % cut within ten results in ~91 % of simulated trials and a 30 % one in
 # >= 99.5 % (docs/SIGNAL.md, "Noise and depth"): a CI run on 2026-11-28 read 21 % and failed.
-# A third off the rate reads 30-35 %, a cut the rule must flag in time every run.
-CUT = 0.65
+# The bound, from the rule itself (bench/verdict_sweep.py's trial: the default policy, 20 healthy
+# results, then the cut held; 3,000 seeds from 10000 at 10 % noise, the worst here): a busbw cut
+# of 30 % turned after more than WITHIN = 10 results in 12 of 3,000 trials (4e-3, one at 29), one
+# of 35 % in none (the slowest at 8, 2 results inside the bound; 3 in 4 within 4). Zero in 3,000
+# puts the rate under 1e-3 at 95 % confidence (the rule of three, 3 / n), and the tail, 101, 32,
+# 1 trials at 6, 7, 8, falls by 3-30x a result, so well under. A third off the rate read 30-35 %
+# in busbw (0.659 of the learning's in its first run), the reads 0-5 points under the rate's cut:
+# on the 30 % row that fails about one run in 250, so the rate is cut by 40 %, read 35-40 %.
+CUT = 0.60
 RATE_SD = 0.10  # the rate's noise: redrawn every second, nominal x (1 + RATE_SD z)
 # The noise is seeded, so a run's rates can be drawn again; the seed is the first from 33 whose
 # draws hold no stretch of 20 more than 4 % off nominal in their first 160 (a tenth of seeds),
@@ -306,12 +313,12 @@ def _show(phase: str, seen: int, counted: int, reading: Reading, noise: NoisyRat
 
 # The learning (up to 180 s) and the guards below exceed the default 300 s on a busy machine.
 @pytest.mark.timeout(180 + (LEARN_MORE + HELD_ROUNDS + CLEAR_WITHIN) * SECONDS_PER_RESULT + 120)
-def test_a_noisy_link_cut_to_65_percent_for_100_rounds_stays_degraded_and_clears_when_restored(
+def test_a_noisy_link_cut_to_60_percent_for_100_rounds_stays_degraded_and_clears_when_restored(
     link: Link, tmp_path: Path
 ) -> None:
     # Issue 33: a cut must page and keep paging while it lasts, on a link whose rate wanders by
-    # 10 % from second to second. At 65 % a result is low (under the floor, 0.7 x expected)
-    # about two times in three: the cut shows in 3 of the last 5 ("low") or in the recent level
+    # 10 % from second to second. At 60 % a result is low (under the floor, 0.7 x expected)
+    # about nine times in ten: the cut shows in 3 of the last 5 ("low") or in the recent level
     # ("drift"), and a burst of good results in the hold (0.8 x at +2 sd) must not clear it.
     # Other work on the host (a CPU hog takes one of two cores: a foreign share near 0.5) would
     # leave every result disturbed and nothing learned; what other work does to a verdict is

@@ -18,6 +18,7 @@ from netmon.errors import ConfigError
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.nvml import NvmlUnavailable
 from netmon.group.auth import Sealer
+from netmon.group.keys import GroupKeys
 from netmon.group.link import GroupLink
 from netmon.group.members import (
     GroupConfig,
@@ -321,17 +322,28 @@ def test_the_node_shows_its_rdma_devices_and_nvlink_domain(tmp_path: Path) -> No
     assert untouched.calls == 0
 
 
-def coordinator(config: NetmonConfig, fabric: FabricReads, rdma: Path) -> Coordinator:
+def coordinator(
+    config: NetmonConfig, fabric: FabricReads, rdma: Path, keys: GroupKeys | None = None
+) -> Coordinator:
     """A coordinator that is never started: its rounds' specs are built, nothing runs."""
     assert config.group is not None
     current = CurrentConfig(config)
     results = Results(current, BaselineKeeper(baseline.BaselineBook(config.baseline)))
     # No GPU is ever surveyed: the idle source is never asked.
     readiness = Readiness(current, DeviceLocks(), None, threading.Event())  # type: ignore[arg-type]
-    link = GroupLink(29400, "10.0.0.1", A)  # never started
+    link = GroupLink(29400, "10.0.0.1", A, secret=b"0123456789abcdef")  # never started
     sealer = Sealer(config.group.name, b"0123456789abcdef")
     return Coordinator(
-        current, config.group, A, link, sealer, readiness, results, fabric=fabric, rdma=rdma
+        current,
+        config.group,
+        A,
+        link,
+        sealer,
+        readiness,
+        results,
+        fabric=fabric,
+        rdma=rdma,
+        keys=keys,
     )
 
 

@@ -1,10 +1,15 @@
-"""The node group's store agent: torch.distributed's TCPStore, outside the daemon process.
+"""The node group's store agent: the member port's store (netmon.group.store), outside the daemon.
 
-The daemon never imports torch, so it runs this small process beside it. The agent hosts this
-member's TCPStore on the member port and runs requests against any member's store: JSON lines in
-on stdin ({"id", "op", ...}), JSON lines out on stdout ({"id", "ok", "value" or "error"}). Every
-request opens a fresh client with its own timeout, so a member that vanished or stopped answering
-costs one request its timeout and nothing else.
+The agent hosts this member's store on the member port and runs requests against any member's
+store: JSON lines in on stdin ({"id", "op", ...}), JSON lines out on stdout ({"id", "ok", "value"
+or "error"}). Its first line in is the group's secret ({"op": "keys", "secret": hex}), which it
+takes before it listens; a later "keys" line replaces it (a SIGHUP that found the file changed).
+Every request opens a fresh connection with its own deadline, so a member that vanished or
+stopped answering costs one request its timeout and nothing else.
+
+Refusals of the store (a stranger's handshake, a value too large) are reported to the daemon as
+{"refused": {reason: count}} lines at most once a second, so that a flood costs no more output.
+It needs no torch: only the ranks import it.
 """
 
 from __future__ import annotations
@@ -12,14 +17,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import threading
-import warnings
+import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from typing import Any
 
+from netmon.group.store import StoreServer, run
 from netmon.listen import listen_on
+
+REPORT_EVERY_S = 1.0
+# Descriptors kept for the agent's own requests, pipes and imports, beyond the store's.
+SPARE_FDS = 64
 
 _out = threading.Lock()
 
@@ -34,34 +45,45 @@ def _reply(message: dict[str, Any]) -> None:
             os._exit(3)  # the daemon is gone
 
 
-def _client(dist: Any, member: str, timeout: float) -> Any:
-    host, _, port = member.rpartition(":")
-    return dist.TCPStore(
-        host.strip("[]"),
-        int(port),
-        is_master=False,
-        timeout=timedelta(seconds=timeout),
-        wait_for_workers=False,
-    )
+def raise_fd_limit() -> int:
+    """The soft RLIMIT_NOFILE raised to the hard one (a crowd of sockets is refused by the
+    store's own caps, not by running out of descriptors); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
-def _handle(dist: Any, request: dict[str, Any]) -> Any:
-    op = request["op"]
-    timeout = float(request.get("timeout", 2.0))
-    store = _client(dist, request["member"], timeout)
-    key = request.get("key", "")
-    if op == "set":
-        store.set(key, str(request["value"]))
-        return True
-    if op == "delete":
-        return bool(store.delete_key(key))
-    if op == "check":
-        return bool(store.check([key]))
-    if op == "get":
-        # wait() raises after the timeout when the key never appears.
-        store.wait([key], timedelta(seconds=timeout))
-        return bytes(store.get(key)).decode()
-    raise ValueError(f"unknown op {op!r}")
+def _secret(line: str) -> bytes:
+    request = json.loads(line)
+    if request.get("op") != "keys":
+        raise ValueError("the first line must carry the group's secret")
+    return bytes.fromhex(str(request["secret"]))
+
+
+class _Refusals:
+    """Counts of the store's refusals, reported in batches."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def add(self, reason: str) -> None:
+        with self.lock:
+            self.counts[reason] += 1
+
+    def report_forever(self) -> None:
+        while True:
+            time.sleep(REPORT_EVERY_S)
+            with self.lock:
+                counts, self.counts = self.counts, Counter()
+            if counts:
+                _reply({"id": None, "refused": dict(counts)})
 
 
 def main() -> None:
@@ -69,33 +91,38 @@ def main() -> None:
     parser.add_argument("--host", required=True, help="the one address the store listens on")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-    import importlib
-
-    dist: Any = importlib.import_module("torch.distributed")
-
-    # This member's store: the others read plans and results from it while it leads. It listens
-    # on the group's address only; what it holds is sealed by the daemon (netmon.group.auth).
+    try:
+        secret = _secret(sys.stdin.readline())
+    except (ValueError, KeyError):
+        _reply({"id": 0, "ok": False, "error": "no group secret on the first line"})
+        os._exit(2)
+    limit = raise_fd_limit()
     try:
         sock = listen_on(args.host, args.port)
     except OSError as exc:
         _reply({"id": 0, "ok": False, "error": f"cannot listen on {args.host}:{args.port}: {exc}"})
         os._exit(2)
-    server = dist.TCPStore(
-        args.host,
-        sock.getsockname()[1],
-        is_master=True,
-        timeout=timedelta(seconds=30),
-        wait_for_workers=False,
-        master_listen_fd=sock.detach(),
-    )
-    _reply({"id": 0, "ok": True, "value": {"port": int(server.port), "pid": os.getpid()}})
+    refusals = _Refusals()
+    server = StoreServer(sock, secret, refusals.add, max_connections=limit - SPARE_FDS)
+    threading.Thread(target=server.serve_forever, name="store", daemon=True).start()
+    threading.Thread(target=refusals.report_forever, name="refusals", daemon=True).start()
+    _reply({"id": 0, "ok": True, "value": {"port": sock.getsockname()[1], "pid": os.getpid()}})
     parent = os.getppid()
     pool = ThreadPoolExecutor(max_workers=16)
 
-    def run(request: dict[str, Any]) -> None:
+    def handle(request: dict[str, Any]) -> None:
         try:
-            _reply({"id": request["id"], "ok": True, "value": _handle(dist, request)})
+            host, _, port = str(request["member"]).rpartition(":")
+            value = run(
+                host.strip("[]"),
+                int(port),
+                server.secret,
+                str(request["op"]),
+                str(request.get("key", "")),
+                float(request.get("timeout", 2.0)),
+                str(request.get("value", "")),
+            )
+            _reply({"id": request["id"], "ok": True, "value": value})
         except Exception as exc:  # every failure is an answer; the daemon decides
             text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
             _reply({"id": request["id"], "ok": False, "error": f"{type(exc).__name__}: {text}"})
@@ -107,7 +134,11 @@ def main() -> None:
             request = json.loads(line)
         except ValueError:
             continue
-        pool.submit(run, request)
+        if request.get("op") == "keys":
+            server.secret = bytes.fromhex(str(request["secret"]))  # new handshakes use it
+            _reply({"id": request.get("id"), "ok": True, "value": True})
+            continue
+        pool.submit(handle, request)
     os._exit(0)  # stdin closed: the daemon stopped or died
 
 

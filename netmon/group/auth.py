@@ -1,7 +1,7 @@
 """Authenticated node-group messages: an HMAC-SHA256 over every value members exchange.
 
-The stores members talk through (torch's TCPStore) authenticate nobody: anyone who reaches the
-member port can read and write any key. So every value is sealed with the group's shared secret,
+The member stores (netmon.group.store) admit only connections that prove they hold the group's
+secret, but every member holds it. So every value is also sealed with the group's shared secret,
 and the MAC covers the group's name and the key the value is stored under, so a sealed value
 cannot be replayed under another key (another round's epoch, another member's readiness).
 Messages that decide something now (a member's hello, the leader's current round) also carry the

@@ -21,6 +21,7 @@ from typing import Any
 
 import netmon
 from netmon.group.auth import AuthError, Sealer, check_fresh
+from netmon.group.signing import MemberSigner, MemberVerifier, SignatureError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class GroupLink:
         me: str | None = None,
         python: str = sys.executable,
         env: dict[str, str] | None = None,
+        *,
+        secret: bytes,
+        on_refused: Callable[[str, int], None] = lambda reason, count: None,
     ) -> None:
         self.port = port
         self.host = host  # the one address this member's store listens on
@@ -49,6 +53,10 @@ class GroupLink:
         self._own_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.python = python
         self.env = env
+        # The group's secret: the agent's store admits only connections that prove they hold
+        # it, and the agent's own requests prove it to other members (netmon.group.store).
+        self.secret = secret
+        self.on_refused = on_refused  # the store's refusals, by reason (netmon.group.store)
         self._lock = threading.Lock()  # guards _pending, _next_id and writes to the agent
         self._start_lock = threading.Lock()  # one (re)start at a time; never held by the reader
         self._pending: dict[int, Future[Any]] = {}
@@ -67,9 +75,6 @@ class GroupLink:
         package_root = str(Path(netmon.__file__).resolve().parent.parent)
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        env["CUDA_VISIBLE_DEVICES"] = ""  # the agent only needs the store, never a GPU
-        # Every failed request is an answer on stdout; c10d's own retry traces are noise.
-        env.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         ready: Future[Any] = Future()
         with self._lock:
             self._pending = {0: ready}
@@ -88,6 +93,12 @@ class GroupLink:
             env=env,
             start_new_session=True,
         )
+        assert self._proc.stdin is not None
+        try:  # on the pipe, never the command line or the environment, where others read
+            self._proc.stdin.write(self._keys_line(0))
+            self._proc.stdin.flush()
+        except OSError:
+            pass  # the agent died at once: the reader below reports it
         threading.Thread(
             target=self._read, args=(self._proc,), name="group-agent", daemon=True
         ).start()
@@ -100,12 +111,29 @@ class GroupLink:
             ) from None
         log.info("group store agent pid %s listening on %s", info["pid"], self._own_address)
 
+    def _keys_line(self, request_id: int) -> bytes:
+        return (
+            json.dumps({"id": request_id, "op": "keys", "secret": self.secret.hex()}) + "\n"
+        ).encode()
+
+    def rekey(self, secret: bytes) -> None:
+        """A new group secret (a rotated secret file): the running agent takes it at once."""
+        self.secret = secret
+        if self._proc is not None and self._proc.poll() is None:
+            # An agent that died meanwhile is started again with the new secret.
+            with contextlib.suppress(GroupError):
+                self.call("keys", self.me or self._own_address, secret=secret.hex())
+
     def _read(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             try:
                 message = json.loads(line)
             except ValueError:
+                continue
+            if isinstance(message.get("refused"), dict):
+                for reason, count in message["refused"].items():
+                    self.on_refused(str(reason), int(count))
                 continue
             with self._lock:
                 future = self._pending.pop(int(message.get("id", -1)), None)
@@ -190,20 +218,28 @@ class SealedLink:
 
     A value that fails to open raises RejectedMessage, a GroupError, so every caller treats a
     forged or replayed message exactly like a missing one; `on_reject` hears which member's
-    message it claimed to be and why it was refused.
+    message it claimed to be and why it was refused (and, for a result, a reason label).
+
+    With per-member keys (`signer`, `verifier`), results are signed by the member that measured
+    them instead (`put_result`, `take_result`): the shared secret lets every member seal in every
+    member's name, a member's private key only in its own.
     """
 
     def __init__(
         self,
         link: GroupLink,
         sealer: Sealer,
-        on_reject: Callable[[str, str], None],
+        on_reject: Callable[..., None],
         clock: Callable[[], float] = time.time,
+        signer: MemberSigner | None = None,
+        verifier: MemberVerifier | None = None,
     ) -> None:
         self.link = link
         self.sealer = sealer
         self.on_reject = on_reject
         self.clock = clock
+        self.signer = signer
+        self.verifier = verifier
 
     @property
     def address(self) -> str:
@@ -235,6 +271,24 @@ class SealedLink:
             self.on_reject(sender, str(exc))
             raise RejectedMessage(str(exc)) from None
         return body
+
+    def put_result(self, member: str, key: str, body: dict[str, Any]) -> None:
+        """A result this member measured: signed with its own key where it has one."""
+        signer = self.signer
+        value = signer.seal(key, body) if signer is not None else self.sealer.seal(key, body)
+        self.link.set(member, key, value)
+
+    def take_result(self, member: str, key: str, timeout: float, sender: str) -> dict[str, Any]:
+        """A result `sender` measured: with per-member keys, only one `sender`'s key signed."""
+        verifier = self.verifier
+        if verifier is None:
+            return self.take(member, key, timeout, sender)
+        value = self.link.get(member, key, timeout)
+        try:
+            return verifier.open(sender, key, value)
+        except SignatureError as exc:
+            self.on_reject(sender, str(exc), exc.reason)
+            raise RejectedMessage(str(exc)) from None
 
     def check(self, member: str, key: str, timeout: float = 1.0) -> bool:
         return self.link.check(member, key, timeout)

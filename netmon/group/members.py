@@ -53,6 +53,12 @@ class GroupConfig(BaseModel):
     # The group's shared secret (at least 16 bytes): every message between members carries an
     # HMAC with it (netmon.group.auth). Read at start, never logged or exported.
     secret_file: Path | None = None
+    # Per-member Ed25519 keys (netmon.group.signing): this member's private key signs the pair
+    # results it reports, and the leader takes a pair's result only when it verifies under a
+    # public key listed for the member that measured it (more than one while a key is rotated).
+    # Set both or neither; with them, no member can forge another's results.
+    signing_key_file: Path | None = None
+    verify_keys: dict[str, tuple[Path, ...]] = Field(default_factory=dict)
     # The address this member's store listens on; default: this member's host, resolved.
     bind: str | None = None
     heartbeat: float = Field(
@@ -96,6 +102,14 @@ class GroupConfig(BaseModel):
             return members
         return value
 
+    @field_validator("verify_keys", mode="before")
+    @classmethod
+    def _verify_keys(cls, value: object) -> object:
+        # One file or a list of them per member.
+        if isinstance(value, dict):
+            return {m: [p] if isinstance(p, (str, Path)) else p for m, p in value.items()}
+        return value
+
     @field_validator("transport", mode="before")
     @classmethod
     def _transport(cls, value: object) -> object:
@@ -120,6 +134,17 @@ class GroupConfig(BaseModel):
                 "secret_file is required: a file with the group's shared secret, the same on "
                 "every member (openssl rand -hex 32 > /etc/netmon/group.secret)"
             )
+        strangers = sorted(set(self.verify_keys) - set(self.members))
+        if strangers:
+            raise ValueError(f"verify_keys: {', '.join(strangers)} are not members")
+        if self.verify_keys or self.signing_key_file is not None:
+            unkeyed = [m for m in self.members if not self.verify_keys.get(m)]
+            if unkeyed or self.signing_key_file is None:
+                raise ValueError(
+                    "per-member keys need both signing_key_file (this member's Ed25519 key) and "
+                    "verify_keys with a public key for every member"
+                    + (f" (none for {', '.join(unkeyed)})" if unkeyed else "")
+                )
         return self
 
 

@@ -88,7 +88,7 @@ class NodePairs:
                 measured[pair] = mine
                 continue
             try:
-                report = self.rounds.link.take(
+                report = self.rounds.link.take_result(
                     self.rounds.me,
                     prefix + f"result/{index}",
                     probe.timeout + self.rounds.group.ready_timeout,
@@ -158,7 +158,7 @@ class NodePairs:
         if host_of_rank0:
             self.rounds.results.peer_measured(probe.name, peer, outcome)
             with contextlib.suppress(GroupError):
-                self.rounds.link.put(leader, prefix + f"result/{index}", {"busbw": value})
+                self.rounds.link.put_result(leader, prefix + f"result/{index}", {"busbw": value})
         event(
             log,
             "node pair measured",
