@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 GIT_REV = "v2.29.3-1-0-g0000000"
+MARKER = ".netmon-inspector"  # the site's mark of a directory made for netmon (jobdirs.MARKER)
 # inspectorComputeCollBw: the traffic over which algbw is taken, and busbw's factor.
 _TRAFFIC_PER_RANK = ("AllGather", "ReduceScatter")
 
@@ -54,6 +56,13 @@ class Comm:
         return exec_us, algbw, algbw * self.factor()
 
 
+def marked_root(root: Path) -> Path:
+    """`inspector.dir` as the site's setup makes it: a directory holding netmon's marker."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).touch()
+    return root
+
+
 def uuid_of(gpu: int) -> str:
     # inspector.cc: "%02x%02x%02x%02x-%02x%02x-..." of the device's UUID bytes, no "GPU-".
     raw = bytes([0xA1, 0x52, 0x3C, gpu, 0x11, 0x22, 0x33, 0x44, *range(8)])
@@ -87,6 +96,18 @@ def _labels(comm: Comm, gpu_index: int, host: str, job: str, sn: int, at: float)
 BusbwOf = Callable[[Comm, int], float]  # (comm, gpu) -> busbw in GB/s
 
 
+def job_uid(job: str) -> int:
+    """The uid of a job's user: one user a job directory unless a test says otherwise, as on a
+    cluster where every job is a user's. netmon takes a file's owner as whose word a record is."""
+    return 20000 + zlib.crc32(job.encode()) % 20000
+
+
+def _own(path: Path, owner: int | None) -> None:
+    uid = job_uid(path.parent.name) if owner is None else owner
+    os.chown(path.parent, uid, -1)  # as the Slurm prolog (root) gives the job's user its directory
+    os.chown(path, uid, -1)
+
+
 def prom_dump(
     directory: Path,
     comms: Sequence[Comm],
@@ -95,6 +116,7 @@ def prom_dump(
     sn: int,
     host: str = "node1",
     job: str = "4242",
+    owner: int | None = None,
 ) -> list[Path]:
     """One dump of every GPU's file at time `at` (its mtime too, as if written then)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -116,6 +138,7 @@ def prom_dump(
         path = directory / f"nccl_inspector_metrics_{uuid_of(gpu)}.prom"
         with open(path, "w") as out:  # fopen(..., "w"): in place, not renamed
             out.write("".join(lines))
+        _own(path, owner)
         os.utime(path, ns=(int(at * 1e9), int(at * 1e9)))
         written.append(path)
     return written
@@ -162,6 +185,7 @@ def json_dump(
     sn: int,
     host: str = "node1",
     pid: int = 4100,
+    owner: int | None = None,
 ) -> Path:
     """One dump of one process (all this node's GPUs in it), appended to its file."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -173,6 +197,7 @@ def json_dump(
     ]
     with open(path, "a") as out:
         out.write("".join(lines))
+    _own(path, owner)
     return path
 
 

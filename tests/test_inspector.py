@@ -15,7 +15,14 @@ from netmon.inspector import files as files_module
 from netmon.inspector.files import DumpReader
 from netmon.inspector.promfile import parse as parse_prom
 from netmon.inspector.settings import InspectorConfig
-from tests.inspector_files import Comm, json_dump, json_record, prom_dump, training_comms
+from tests.inspector_files import (
+    Comm,
+    json_dump,
+    json_record,
+    marked_root,
+    prom_dump,
+    training_comms,
+)
 
 NOW = 1_790_000_000.0
 
@@ -205,24 +212,28 @@ def test_nothing_outside_the_directory_is_read_through_a_symlink(
     (root / "2").symlink_to(outside / "secret", target_is_directory=True)
     (root / "3").mkdir()
     (root / "3" / "hard.prom").hardlink_to(secret)
-    os.mkfifo(root / "3" / "fifo.prom")  # opened without blocking, then refused
+    os.mkfifo(root / "3" / "fifo.prom")  # refused from its lstat, never opened
     reading = _reader(root).read(NOW)
     _expect(reading, "symlink", warnings)
     assert reading.rejected["symlink"] == 2
     assert reading.rejected["hardlink"] == 1 and reading.rejected["not_a_file"] == 1
 
 
-def test_removing_a_job_directory_never_follows_a_link_out_of_it(tmp_path: Path) -> None:
+def test_a_link_planted_in_a_job_directory_keeps_it_and_what_it_points_at(
+    tmp_path: Path,
+) -> None:
     root, outside = tmp_path / "inspector", tmp_path / "outside"
-    _good_dump(root)
+    _good_dump(marked_root(root))
     outside.mkdir()
     (outside / "keep").write_text("x")
     (root / "1" / "escape").symlink_to(outside, target_is_directory=True)
     (root / "1" / ".ended").touch()
-    os.utime(root / "1" / ".ended", (NOW - 600, NOW - 600))
-    reading = _reader(root, grace="2m").read(NOW)
-    assert reading.removed == 1 and not (root / "1").exists()
-    assert (outside / "keep").read_text() == "x"
+    reader = _reader(root, grace=0)
+    for n in range(3):
+        reading = reader.read(NOW + n)
+    # Not a file the plugin writes: the directory is someone's, never removed (jobdirs).
+    assert reading.removed == 0 and reading.directories == {"foreign": 1}
+    assert (root / "1" / "escape").is_symlink() and (outside / "keep").read_text() == "x"
 
 
 def test_non_utf8_bytes_and_a_100_kb_label_cost_only_their_lines(
@@ -261,31 +272,7 @@ def test_garbage_of_every_kind_is_counted_not_raised(tmp_path: Path) -> None:
     assert reading.rejected["incomplete"] == 1
 
 
-# -- ended jobs ---------------------------------------------------------------------------------
-
-
-def test_a_job_directory_goes_after_its_end_mark_and_grace_or_when_stale(tmp_path: Path) -> None:
-    for job in ("ended", "running", "abandoned"):
-        _good_dump(tmp_path, job)
-    (tmp_path / "ended" / ".ended").touch()
-    os.utime(tmp_path / "ended" / ".ended", (NOW - 100, NOW - 100))
-    for path in (tmp_path / "abandoned").iterdir():
-        os.utime(path, (NOW - 7200, NOW - 7200))
-    os.utime(tmp_path / "abandoned", (NOW - 7200, NOW - 7200))
-    reader = _reader(tmp_path, grace="60s", stale_after="1h")
-    reading = reader.read(NOW)
-    # Each was read before it went: the last dump of an ended job counts.
-    assert len(reading.collectives) == 3 * 40
-    assert reading.removed == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["running"]
-
-
-def test_an_ended_job_within_its_grace_stays(tmp_path: Path) -> None:
-    _good_dump(tmp_path, "ended")
-    (tmp_path / "ended" / ".ended").touch()
-    os.utime(tmp_path / "ended" / ".ended", (NOW - 10, NOW - 10))
-    assert _reader(tmp_path, grace="60s").read(NOW).removed == 0
-    assert (tmp_path / "ended").is_dir()
+# -- ended jobs (tests/test_inspector_removal.py) ----------------------------------------------
 
 
 def test_a_missing_directory_is_counted_and_the_read_goes_on(tmp_path: Path) -> None:

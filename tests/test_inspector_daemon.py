@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from tests.daemon_harness import DaemonProcess, Samples, fast_config, wait_until
-from tests.inspector_files import Comm, prom_dump, training_comms
+from tests.inspector_files import Comm, marked_root, prom_dump, training_comms
 
 TP = {
     "probe": "jobs",
@@ -30,7 +30,7 @@ def _config(tmp_path: Path) -> dict[str, object]:
     config = fast_config(
         tmp_path,
         inspector={
-            "dir": str(tmp_path / "inspector"),
+            "dir": str(marked_root(tmp_path / "inspector")),
             "interval": 1,
             "window": 1,
             "min_collectives": 1,
@@ -65,6 +65,8 @@ class Training:
             return level * slow * self.random.lognormvariate(0, 0.02)
 
         prom_dump(self.root / "4242", comms, busbw_of, at, self.dumps)
+        # A second job in the first communicator's shape: a cut needs two jobs' word.
+        prom_dump(self.root / "4343", comms[:1], busbw_of, at, self.dumps, job="4343")
 
         def read_since() -> Samples | None:
             samples = self.daemon.scrape()

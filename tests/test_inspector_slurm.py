@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_harness import DaemonProcess, fast_config, wait_until
-from tests.inspector_files import prom_dump, training_comms
+from tests.inspector_files import MARKER, prom_dump, training_comms
 from tests.netns import require_root
 from tests.slurm_cluster import SLURM_PATH, SlurmCluster
 from tests.tools import ROOT
@@ -162,9 +162,13 @@ def node() -> Iterator[Node]:
 
 
 def test_a_job_gets_a_directory_of_its_own_and_the_exports_that_name_it(node: Node) -> None:
+    assert not (node.base / MARKER).exists()
     node.prolog("41")
     job_dir = node.job_dir("41")
     assert not job_dir.is_symlink() and job_dir.is_dir()
+    # The root marked as netmon's (root's, a regular file), for a site whose setup did not.
+    marker = (node.base / MARKER).lstat()
+    assert stat.S_ISREG(marker.st_mode) and marker.st_uid == 0
     assert _owner_and_mode(job_dir) == (NOBODY.pw_uid, NOBODY.pw_gid, 0o700)
     done = node.task_prolog("41")
     assert done.stdout.splitlines() == node.exports("41")
@@ -362,6 +366,7 @@ def test_a_slurm_job_dumps_where_the_daemon_reads_and_its_directory_goes(tmp_pat
         # The node's daemon, paused by the prolog as on a real node: it reads the jobs anyway.
         pause = {"pause_file": str(node.pause), "pause_dir": str(node.pause.parent / "pause.d")}
         config = fast_config(tmp_path, inspector=inspector, **pause)
+        (node.base / MARKER).touch()  # the site's setup: the daemon starts before any prolog
         daemon = DaemonProcess(tmp_path, config)
         try:
             with SlurmCluster(nodes=1, settings=settings) as cluster:

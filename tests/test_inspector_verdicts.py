@@ -1,28 +1,39 @@
 """The jobs' own collectives judged like probes: a node shape cut to 70 % in the files is flagged
 within 10 samples and clears after; a healthy day with the noise jobs' collectives have (a daily
 swing, shared jitter, ranks that came early and waited, hiccups) gives no verdict; the shapes and
-the daemon's memory stay bounded whatever comes and goes."""
+the daemon's memory stay bounded whatever comes and goes. And what a job cannot make netmon say:
+a verdict on its word alone, a fault others report hidden, every shape slot taken."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
 import random
+import subprocess
+import time
 import tracemalloc
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from netmon.baseline import BaselineBook, BaselinePolicy
+from netmon.config import NetmonConfig
+from netmon.exposition.snapshot import SeriesPoint
 from netmon.inspector.files import DumpReader, Reading
 from netmon.inspector.records import Collective
 from netmon.inspector.settings import InspectorConfig
-from netmon.inspector.shapes import Shapes, shape_of
+from netmon.inspector.shapes import Shapes, fair_shares, shape_of
 from netmon.serve.jobs_record import JobsRecord
-from tests.inspector_files import Comm, json_dump, prom_dump, training_comms
+from netmon.serve.series_record import SeriesRecord
+from tests.daemon_harness import DaemonProcess, Samples, fast_config, wait_until
+from tests.inspector_files import Comm, json_dump, marked_root, prom_dump, training_comms
+from tests.test_deploy import NHC, NHC_HARNESS
 
 START = 1_790_000_000.0
 EVERY = 30.0  # the plugin's textfile interval
@@ -111,10 +122,12 @@ def test_a_node_shape_cut_to_70_percent_in_the_files_is_flagged_within_10_sample
     for n in range(healthy + cut + after):
         at = START + n * EVERY
         busbw_of = noise.dump(at, _cut_tp if healthy <= n < healthy + cut else lambda _c: 1.0)
-        if mode == "prom":
-            prom_dump(tmp_path / "4242", comms, busbw_of, at, n + 1)
-        else:
-            json_dump(tmp_path / "4242", comms, busbw_of, at, n + 1)
+        # A second job of the cut shape beside: one job's word alone is never a verdict.
+        for job, its in (("4242", comms), ("4343", comms[:1])):
+            if mode == "prom":
+                prom_dump(tmp_path / job, its, busbw_of, at, n + 1, job=job)
+            else:
+                json_dump(tmp_path / job, its, busbw_of, at, n + 1)
         reading = reader.read(at + 1)
         assert reading.rejected == {}
         record.took(shapes.take(reading.collectives, at + 1), reading, at + 1, {})
@@ -135,6 +148,8 @@ def _collectives(
     comms: list[Comm],
     serial: int,
     cut: Callable[[Comm], float] = lambda _c: 1.0,
+    job: str = "4242",
+    owner: int | None = None,
 ) -> list[Collective]:
     """One dump's collectives as the parsers give them, without the files (a day is 2,880)."""
     busbw_of = noise.dump(at, cut)
@@ -156,8 +171,9 @@ def _collectives(
                     busbw=busbw * 1e9,
                     algbw=algbw * 1e9,
                     seconds=exec_us / 1e6,
-                    comm=f"4242/{comm.comm_id:x}",
+                    comm=f"{job}/{comm.comm_id:x}",
                     serial=serial + (index if apart else 0),
+                    owner=owner,
                 )
             )
     return found
@@ -176,14 +192,18 @@ def shape_op(coll: str) -> str:
     ("seed", "level"), [(3611, QUIET), (3612, QUIET), (3613, BUSY), (3614, ROUGH)]
 )
 def test_a_healthy_day_of_the_jobs_collectives_gives_no_verdict(seed: int, level: Level) -> None:
-    settings = InspectorConfig(dir=Path("/nonexistent"))
+    settings = InspectorConfig(dir=Path("/var/lib/nonexistent"))
     record, shapes = _record(settings)
-    noise = Noise(seed, level)
+    noise, beside = Noise(seed, level), Noise(seed + 100, level)
     comms = training_comms()
+    node_comms = [c for c in comms if c.nnodes == 1]
     judged = 0
     for n in range(DAY):
         at = START + n * EVERY
-        round_ = shapes.take(_collectives(noise, at, comms, n * 16), at)
+        # Two jobs of two owners in the node shapes: what a verdict needs (_confirmed below).
+        found = _collectives(noise, at, comms, n * 16, owner=1001)
+        found += _collectives(beside, at, node_comms, n * 16, job="4343", owner=1002)
+        round_ = shapes.take(found, at)
         verdicts = record.took(round_, Reading(), at, {})
         judged += sum(1 for _, v in verdicts if v.judged and not v.inconclusive)
         flagged = sorted(k for k, p in record.points.items() if p.degraded)
@@ -215,7 +235,7 @@ def test_shapes_are_capped_the_overflow_counted_and_an_idle_shape_leaves() -> No
 
 
 def test_memory_stays_flat_over_hours_of_files_as_jobs_come_and_go(tmp_path: Path) -> None:
-    settings = InspectorConfig(dir=tmp_path, grace=60)
+    settings = InspectorConfig(dir=marked_root(tmp_path), grace=60)
     reader = DumpReader(settings)
     record, shapes = _record(settings)
     noise = Noise(7)
@@ -245,7 +265,7 @@ def test_memory_stays_flat_over_hours_of_files_as_jobs_come_and_go(tmp_path: Pat
                 sizes.append(tracemalloc.get_traced_memory()[0])
     finally:
         tracemalloc.stop()
-    assert len(list(tmp_path.iterdir())) <= 2  # ended jobs' directories removed
+    assert len(list(tmp_path.iterdir())) <= 3  # ended jobs' directories removed (and the marker)
     assert record.view().removed >= 3
     # What is kept grows only while the book's windows fill (its long level holds 120 samples,
     # four hours of two-minute windows; its reference a day of hours): some 8 KiB an hour for
@@ -258,9 +278,9 @@ def test_memory_stays_flat_over_hours_of_files_as_jobs_come_and_go(tmp_path: Pat
 def test_a_cut_under_a_busy_jobs_noise_is_flagged_within_10_samples_and_nothing_else(
     seed: int, level: Level
 ) -> None:
-    settings = InspectorConfig(dir=Path("/nonexistent"))
+    settings = InspectorConfig(dir=Path("/var/lib/nonexistent"))
     record, shapes = _record(settings)
-    noise = Noise(seed, level)
+    noise, beside = Noise(seed, level), Noise(seed + 100, level)
     comms = training_comms()
     per_sample = int(settings.window / EVERY)
     healthy, cut = 240, 20 * per_sample
@@ -268,10 +288,243 @@ def test_a_cut_under_a_busy_jobs_noise_is_flagged_within_10_samples_and_nothing_
     for n in range(healthy + cut):
         at = START + n * EVERY
         now_cut = _cut_tp if n >= healthy else (lambda _c: 1.0)
-        round_ = shapes.take(_collectives(noise, at, comms, n * 16, now_cut), at)
+        found = _collectives(noise, at, comms, n * 16, now_cut, owner=1001)
+        found += _collectives(beside, at, comms[:1], n * 16, now_cut, job="4343", owner=1002)
+        round_ = shapes.take(found, at)
         record.took(round_, Reading(), at, {})
         degraded = {k for k, p in record.points.items() if p.degraded}
         assert degraded <= {CUT}, (n, degraded)
         if CUT in degraded and flagged_at is None:
             flagged_at = n
     assert flagged_at is not None and flagged_at < healthy + 10 * per_sample, flagged_at
+
+
+# --- What a job can and cannot make netmon say (docs/INSPECTOR.md) ---------------------------
+
+NODE = tuple(range(8))
+TP = Comm(0x7F3A00, "AllReduce", 64 << 20, 8, 1, NODE)
+
+
+def _claims(
+    job: str, at: float, serial: int, gbs: float, comms: list[Comm], owner: int | None = None
+) -> list[Collective]:
+    """What one dump of `job` claims: every rank of each communicator at `gbs` GB/s, its time
+    and algbw derived from it as the plugin derives them."""
+    found = []
+    for comm in comms:
+        exec_us, algbw, busbw = comm.timing(gbs)
+        found += [
+            Collective(
+                op=shape_op(comm.coll),
+                size_bytes=comm.traffic(),
+                ranks=comm.nranks,
+                nodes=comm.nnodes,
+                busbw=busbw * 1e9,
+                algbw=algbw * 1e9,
+                seconds=exec_us / 1e6,
+                comm=f"{job}/{comm.comm_id:x}",
+                serial=serial,
+                owner=owner,
+            )
+            for _ in comm.gpus
+        ]
+    return found
+
+
+def _probe_series(degraded: bool) -> dict[tuple[str, str, int, str, int], SeriesPoint]:
+    """The daemon's idle probe series of the TP shape (op, size, ranks) on its default path."""
+    point = SeriesPoint(
+        probe="large",
+        op="all_reduce",
+        size_bytes=64 << 20,
+        path="default",
+        busbw=200e9 if degraded else 330e9,
+        algbw=0.0,
+        latency_s=0.0,
+        cv=0.0,
+        measured_at=START,
+        ranks=8,
+        baseline=330e9,
+        degraded=degraded,
+    )
+    return {("large", "all_reduce", 64 << 20, "default", 8): point}
+
+
+def _forged_run(
+    jobs: list[tuple[str, int | None]], probes: Callable[[int], dict[Any, SeriesPoint]]
+) -> tuple[JobsRecord, bool, bool]:
+    """Each job claims 300 GB/s for 12 windows, then 100 GB/s for 12: (the record, whether
+    the book ever called the shape degraded, whether it was ever shown degraded)."""
+    settings = InspectorConfig(dir=Path("/var/lib/nonexistent"), window=EVERY, min_collectives=1)
+    book = BaselineBook(BaselinePolicy())
+    record = JobsRecord(settings, book)
+    shapes = Shapes(settings.max_shapes, settings.shape_idle, settings.window)
+    booked = shown = False
+    for n in range(24):
+        at = START + n * EVERY
+        gbs = 300.0 if n < 12 else 100.0
+        found = [c for job, owner in jobs for c in _claims(job, at, n, gbs, [TP], owner)]
+        record.took(shapes.take(found, at), Reading(), at, probes(n))
+        verdict = book.verdict(CUT)  # what the book alone says
+        booked |= verdict is not None and verdict.degraded
+        shown |= CUT in record.points and record.points[CUT].degraded
+    return record, booked, shown
+
+
+def test_one_jobs_forged_dump_is_never_a_verdict_but_a_probe_confirms_it() -> None:
+    record, booked, shown = _forged_run([("666", None)], lambda _n: {})
+    assert booked, "the forged drop is one the book alone calls degraded"
+    assert not shown
+    assert record.view().unconfirmed > 0
+    assert record.points[CUT].busbw == pytest.approx(100e9, rel=0.01)  # the value: its own
+    # An idle probe of the same op, size and ranks degraded too: the jobs' word is confirmed.
+    _, _, shown = _forged_run([("666", None)], lambda n: _probe_series(degraded=n >= 12))
+    assert shown
+
+
+def test_two_jobs_of_one_owner_are_one_witness_two_owners_are_two() -> None:
+    _, booked, shown = _forged_run([("666", 1001), ("667", 1001)], lambda _n: {})
+    assert booked and not shown
+    _, _, shown = _forged_run([("666", 1001), ("667", 1002)], lambda _n: {})
+    assert shown
+
+
+def test_one_job_cannot_take_every_shape_slot_nor_buy_them_with_claimed_times() -> None:
+    shapes = Shapes(cap=6, idle_s=600, window_s=EVERY)
+    # Eight shapes of its own, the first to come: alone, it may use every slot.
+    greedy = [Comm(0x100 + k, "AllReduce", (1 << 20) << k, 8, 1, NODE) for k in range(8)]
+    shapes.take(_claims("666", START, 0, 300.0, greedy), START)
+    assert len(shapes.last_seen) == 6
+    # Then a job with three shapes of its own: it gets its share, 6 / 2.
+    theirs = [
+        Comm(0x200, "AllGather", 8 << 20, 2, 1, (0, 1)),
+        Comm(0x201, "Broadcast", 4 << 20, 8, 1, NODE),
+        Comm(0x202, "ReduceScatter", 16 << 20, 4, 1, (0, 1, 2, 3)),
+    ]
+    both = _claims("666", START + EVERY, 1, 300.0, greedy)
+    both += _claims("4242", START + EVERY, 1, 300.0, theirs)
+    round_ = shapes.take(both, START + EVERY)
+    held = sorted(shapes.holder.values())
+    assert held == ["job 4242"] * 3 + ["job 666"] * 3, held
+    assert len(round_.expired) == 3  # the greedy job's least-timed shapes gave way
+    # Max-min fair: a job that wants one slot takes one, the rest stay for the other.
+    assert fair_shares(Counter({"a": 8, "b": 1}), 6) == {"a": 5, "b": 1}
+    assert fair_shares(Counter({"a": 8, "b": 3}), 6) == {"a": 3, "b": 3}
+    # A time out of line with the record's own size and rate, or a rate beyond any link:
+    # counted by reason, never a shape's time nor its value.
+    (honest,) = _claims("4242", START, 2, 300.0, [TP])[:1]
+    forged = [
+        dataclasses.replace(honest, seconds=50.0),
+        dataclasses.replace(honest, seconds=3600.0, algbw=1e6, busbw=1.75e6),
+        dataclasses.replace(honest, busbw=5e12, algbw=5e12 / 1.75),
+        dataclasses.replace(honest, busbw=honest.algbw * 20),
+    ]
+    round_ = shapes.take([*forged, honest], START + 2 * EVERY)
+    assert round_.rejected == {"implausible_time": 2, "implausible_busbw": 2}
+    record, _ = _record(InspectorConfig(dir=Path("/var/lib/nonexistent")))
+    record.took(round_, Reading(), START + 2 * EVERY, {})
+    assert record.view().rejected == {"implausible_time": 2, "implausible_busbw": 2}
+
+
+def test_one_job_lifting_its_figures_does_not_hide_a_cut_two_others_report() -> None:
+    settings = InspectorConfig(dir=Path("/var/lib/nonexistent"))
+    record, shapes = _record(settings)
+    # The lifting job has eight communicators of the cut shape and claims 1.5 x: in one pool of
+    # values, its own would be the window's upper quartile.
+    lifter = [Comm(0x7F3A00 + k, "AllReduce", 64 << 20, 8, 1, NODE) for k in range(8)]
+    noises = {job: Noise(seed) for job, seed in (("666", 11), ("4242", 12), ("4343", 13))}
+    per_sample = int(settings.window / EVERY)
+    healthy = 120
+    flagged_at = None
+    for n in range(healthy + 10 * per_sample):
+        at = START + n * EVERY
+        cut = _cut_tp if n >= healthy else (lambda _c: 1.0)
+        found = _collectives(noises["666"], at, lifter, n, lambda _c: 1.5, job="666", owner=666)
+        for owner, job in enumerate(("4242", "4343"), start=1001):
+            found += _collectives(noises[job], at, [TP], n, cut, job=job, owner=owner)
+        round_ = shapes.take(found, at)
+        for window in round_.windows:
+            levels = sorted(level for _, level in window.levels)
+            assert window.busbw == levels[1], "the lower median of the three jobs' levels"
+        record.took(round_, Reading(), at, {})
+        if flagged_at is None and record.points.get(CUT, None) and record.points[CUT].degraded:
+            flagged_at = n
+    assert flagged_at is not None and flagged_at < healthy + 10 * per_sample, flagged_at
+
+
+def _claim(gbs: float) -> Callable[[Comm, int], float]:
+    return lambda _comm, _gpu: gbs
+
+
+def test_a_forged_dump_on_a_real_daemon_never_fails_the_shipped_nhc_check(tmp_path: Path) -> None:
+    # The review's forgery: one job's dump claims 300 GB/s for its tensor-parallel AllReduce,
+    # then 100 GB/s. The book calls it degraded (netmon_jobs_unconfirmed_total), /metrics shows
+    # it healthy, and NHC passes the node, even told to read the jobs' verdicts (-j). Before,
+    # the series showed degraded at the 15th dump and NHC offlined the node.
+    config = fast_config(
+        tmp_path,
+        inspector={
+            "dir": str(marked_root(tmp_path / "inspector")),
+            "interval": 1,
+            "window": 1,
+            "min_collectives": 1,
+        },
+    )
+    for probe in config["probes"]:
+        probe["interval"] = "1h"  # the job's files are what this test is about
+    daemon = DaemonProcess(tmp_path, config)
+    labels = frozenset(
+        {"probe": "jobs", "op": "all_reduce", "size_bytes": str(64 << 20), "path": "node",
+         "ranks": "8"}.items()
+    )  # fmt: skip
+    unconfirmed: tuple[str, frozenset[tuple[str, str]]] = (
+        "netmon_jobs_unconfirmed_total",
+        frozenset(),
+    )
+    try:
+        samples: Samples = {}
+        for dump in range(1, 41):
+            at = time.time()
+            claim = _claim(300.0 if dump <= 12 else 100.0)
+            prom_dump(tmp_path / "inspector" / "666", [TP], claim, at, dump, job="666")
+
+            def read_since(at: float = at) -> Samples | None:
+                got = daemon.scrape()
+                read_at = got.get(("netmon_jobs_last_read_timestamp_seconds", frozenset()), 0.0)
+                return got if read_at > at else None
+
+            samples = wait_until(read_since, 30, "the daemon to read the dump")
+            assert samples.get(("netmon_degraded", labels), 0.0) == 0.0, dump
+            if samples.get(unconfirmed, 0.0) > 0:
+                break
+        assert samples.get(unconfirmed, 0.0) > 0, "the book never called the forged drop degraded"
+        assert samples[("netmon_busbw_bytes_per_second", labels)] < 150e9  # its value: its own
+        url = f"http://127.0.0.1:{daemon.port}/metrics"
+        for args in ((), ("-j",)):
+            done = subprocess.run(
+                ["sh", "-c", NHC_HARNESS, "nhc", str(NHC), "-u", url, "-c", "degraded", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert (done.returncode, done.stdout.strip()) == (0, "check passed"), done.stderr
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_restart_never_shows_a_jobs_verdict_the_book_kept_unconfirmed() -> None:
+    """The book keeps a jobs shape's degraded verdict across a restart, but not who confirmed
+    it: shown again, a forged drop would be a verdict until the next window. A probe's restored
+    verdict still shows, since a probe's word is its own."""
+    book = BaselineBook(BaselinePolicy())
+    jobs_key = ("jobs", "all_reduce", 64 << 20, "node", 8)
+    probe_key = ("small", "all_reduce", 64 << 20, "default", 8)
+    for key in (jobs_key, probe_key):
+        for n in range(120):
+            book.observe(key, 100e9 if n < 80 else 40e9, at=START + 60 * n)
+        assert book.verdicts()[key].degraded
+    record = SeriesRecord(NetmonConfig(), book)
+    restored = {(p.probe, p.op, p.size_bytes, p.path, p.ranks) for p in record.restored({"small"})}
+    assert probe_key in restored
+    assert jobs_key not in restored

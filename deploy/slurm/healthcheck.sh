@@ -2,6 +2,8 @@
 # shellcheck source-path=SCRIPTDIR
 # Slurm HealthCheckProgram: measure the node's interconnect with `netmon probe --min-busbw` and
 # drain the node, with the reason, when it is too slow or the probe cannot finish.
+# It judges the node by netmon's own probe only: never by netmon's verdicts, and so never by the
+# jobs' own collectives (probe="jobs", which a job's files can say anything in).
 #
 #   slurm.conf:  HealthCheckProgram=/opt/netmon/slurm/healthcheck.sh
 #                HealthCheckInterval=3600

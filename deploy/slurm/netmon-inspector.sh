@@ -2,7 +2,8 @@
 # Shared by prolog.sh, epilog.sh and task_prolog.sh (sourced after netmon-pause.sh, which reads
 # $NETMON_SLURM_CONF): NCCL Inspector in every job when its plugin is installed, its dumps in a
 # directory per job that netmon reads (`inspector.dir`, docs/INSPECTOR.md):
-#   prolog (root)          makes $NETMON_INSPECTOR_DIR/$SLURM_JOB_ID, the job's user's, 0700
+#   prolog (root)          makes $NETMON_INSPECTOR_DIR/$SLURM_JOB_ID, the job's user's, 0700,
+#                          and marks $NETMON_INSPECTOR_DIR as netmon's (.netmon-inspector)
 #   task_prolog (the user) points NCCL at the plugin and at that directory
 #   epilog (root)          marks the directory ended (.ended); netmon reads the job's last dump
 #                          and removes the directory once the mark is `inspector.grace` old
@@ -18,6 +19,9 @@
 NETMON_INSPECTOR_DIR=${NETMON_INSPECTOR_DIR:-/var/lib/netmon-inspector}
 NETMON_INSPECTOR_PLUGIN=${NETMON_INSPECTOR_PLUGIN:-/opt/netmon/lib/libnccl-profiler-inspector.so}
 NETMON_INSPECTOR_ENDED=.ended # netmon's mark of an ended job (netmon/inspector/files.py)
+# The root's mark: a directory made for NCCL Inspector, whose ended jobs' directories netmon may
+# remove (netmon/inspector/jobdirs.py); the daemon refuses to start without it.
+NETMON_INSPECTOR_MARKER=.netmon-inspector
 # The plugin's dump interval: its textfile mode takes no less than 30 s.
 NETMON_INSPECTOR_INTERVAL_US=30000000
 
@@ -51,6 +55,16 @@ netmon_inspector_dir_safe() {
   fi
 }
 
+# The root's marker, when the site's setup did not write it yet. The root is safe (root's, no one
+# else may write in it), so no user can have planted that name.
+netmon_inspector_mark() {
+  marker=${NETMON_INSPECTOR_DIR%/}/$NETMON_INSPECTOR_MARKER
+  # `true`, not `:`: a failed redirection of a special builtin would end the script.
+  if [ ! -e "$marker" ] && [ ! -L "$marker" ] && ! true 2>/dev/null >"$marker"; then
+    netmon_log "could not write $marker; netmon refuses to start without it"
+  fi
+}
+
 # DIR becomes root's and 0700: no one else can add, remove or rename a name in it. DIR is a
 # directory, not a symlink, in a safe NETMON_INSPECTOR_DIR, so no one can swap it meanwhile.
 netmon_inspector_lock() {
@@ -64,6 +78,7 @@ netmon_inspector_prepare() {
   dir=$(netmon_inspector_job_dir) || return 0
   netmon_inspector_installed || return 0
   netmon_inspector_dir_safe || return 0
+  netmon_inspector_mark
   uid=${SLURM_JOB_UID:-}
   gid=${SLURM_JOB_GID:-}
   case "$uid:$gid" in

@@ -46,7 +46,7 @@ def parse(lines: Iterable[bytes], source: str, max_line: int) -> Parsed:
 def _record(text: str, rejected: Counter[str]) -> Mapping[str, Any] | None:
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # a line of 3,000 nested "[" recurses past the limit
         rejected["unparsable"] += 1
         return None
     if not isinstance(record, dict):
@@ -68,6 +68,9 @@ def _collective(record: Mapping[str, Any], source: str) -> Collective | None:
     if ranks == 1:
         return None  # a communicator of one rank crosses no link (its busbw is 0)
     busbw = positive(_number(perf, "coll_busbw_gbs"), "coll_busbw_gbs") * GB
+    comm_id = header.get("id", "")
+    if not isinstance(comm_id, str):  # a nested value would be printed whole, recursively
+        raise RecordError("bad_value", f"{source}: header.id is not a string")
     op = op_of(name)
     message = count(perf.get("coll_msg_size_bytes"), "coll_msg_size_bytes", most=1 << 50)
     return Collective(
@@ -78,7 +81,7 @@ def _collective(record: Mapping[str, Any], source: str) -> Collective | None:
         busbw=busbw,
         algbw=positive(_number(perf, "coll_algobw_gbs"), "coll_algobw_gbs") * GB,
         seconds=positive(_number(perf, "coll_exec_time_us"), "coll_exec_time_us") / 1e6,
-        comm=f"{source.partition('/')[0]}/{header.get('id', '')}",
+        comm=f"{source.partition('/')[0]}/{comm_id}",
         serial=count(perf.get("coll_sn") or 1, "coll_sn", most=1 << 63),
     )
 

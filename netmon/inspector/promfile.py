@@ -66,7 +66,7 @@ def _sample(text: str, rejected: Counter[str]) -> tuple[str, dict[str, str], flo
         return None
     try:
         families = list(text_string_to_metric_families(text + "\n"))
-    except (ValueError, IndexError, KeyError, TypeError):
+    except Exception:  # whatever a hostile line makes the parser raise costs that line only
         rejected["unparsable"] += 1
         return None
     samples = [s for f in families for s in f.samples]

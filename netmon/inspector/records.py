@@ -27,6 +27,16 @@ _UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
 
 GB = 1e9  # the plugin's GB/s: bytes x 1e-9 per second, as nccl-tests'
 
+# What a record may claim, whoever wrote it (docs/FACTS.md). NVLink 5 moves 1.8 TB/s per GPU,
+# both directions together: a busbw over that is beyond any GPU's link today. A collective that
+# ran longer than torch's default collective timeout (10 minutes) would have ended its job.
+MAX_BUSBW = 1.8e12  # bytes/s
+MAX_SECONDS = 600.0
+# The plugin derives algbw from the time and busbw from algbw (inspectorComputeCollBw); what it
+# prints is rounded, and a later release's size is the lower end of a range (up to 2x under):
+# the figures must agree within this factor, never more.
+AGREE = 4.0
+
 
 class RecordError(ValueError):
     """A field that is not what the plugin writes; `reason` is its counter's label."""
@@ -48,8 +58,40 @@ class Collective:
     busbw: float  # bytes/s
     algbw: float  # bytes/s
     seconds: float  # the collective's execution time
-    comm: str
+    comm: str  # "<job directory>/<communicator id>": the parsers prefix the job
     serial: int
+    # Who wrote the record (the uid owning the job's file or directory), where the reader knows:
+    # a job's figures are trusted only as far as other owners agree (docs/INSPECTOR.md, "What a
+    # job can and cannot make netmon say").
+    owner: int | None = None
+
+    @property
+    def job(self) -> str:
+        return self.comm.partition("/")[0]
+
+    @property
+    def witness(self) -> str:
+        """Whose word this record is: its owner where known, else its job directory."""
+        return f"uid {self.owner}" if self.owner is not None else f"job {self.job}"
+
+
+def implausible(collective: Collective) -> str | None:
+    """Why a record's figures cannot be a measurement (its counter's reason), or None.
+
+    A shape's rank for the shape slots is the time its collectives took, and its value their
+    busbw: a claimed time out of line with the size and rate, or a rate beyond any link, would
+    buy a job slots or a level it never measured."""
+    c = collective
+    if c.busbw > MAX_BUSBW or c.algbw > MAX_BUSBW:
+        return "implausible_busbw"
+    factor = bus_factor(c.op, c.ranks)
+    if not c.algbw * factor / AGREE <= c.busbw <= c.algbw * factor * AGREE:
+        return "implausible_busbw"  # busbw is algbw x the bus factor, nothing else
+    # Only a time longer than the size and rate imply buys slots; a shorter one (a range's lower
+    # end taken as the size) buys nothing.
+    if c.seconds > MAX_SECONDS or c.seconds > AGREE * c.size_bytes / c.algbw:
+        return "implausible_time"
+    return None
 
 
 def op_of(name: str) -> str:

@@ -8,10 +8,18 @@ nodes, so it is exported for the fleet comparison (recording rules rank the node
 here. The book keeps the tracks of node shapes that went idle, up to KEEP_PER_SHAPE x max_shapes
 of them (the least recently seen healthy ones go first), so a shape a daily job brings back is
 judged against what it learned before.
+
+The files are the jobs' own, so the book's verdict is not the last word: a node shape is shown
+degraded only while the evidence agrees, in the window at hand, across at least two witnesses
+(distinct owners, else job directories) whose own levels are under the series' healthy line,
+or while an idle probe's series of the same op, size and ranks is degraded too. A degradation
+that one job alone says is counted (netmon_jobs_unconfirmed_total) and shown healthy
+(docs/INSPECTOR.md, "What a job can and cannot make netmon say").
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping
 
@@ -25,6 +33,7 @@ PROBE = "jobs"
 KEEP_PER_SHAPE = 4
 # An idle probe's series of the same shape runs on these paths (NCCL's choice, as the jobs').
 YARDSTICK_PATHS = ("default", "nvlink")
+WITNESSES = 2  # distinct owners (or jobs) that must agree before a jobs series is degraded
 
 
 class JobsRecord:
@@ -36,6 +45,8 @@ class JobsRecord:
         self._rejected: Counter[str] = Counter()
         self._overflow = 0
         self._removed = 0
+        self._directories: dict[str, int] = {}
+        self._unconfirmed = 0
         self._covered: float | None = None
         self._read_at: float | None = None
         self._ratios: dict[tuple[str, int, int], float] = {}
@@ -49,34 +60,45 @@ class JobsRecord:
         the verdicts reached."""
         self._collectives.update(round_.collectives)
         self._rejected.update(reading.rejected)
+        self._rejected.update(round_.rejected)
         self._overflow += round_.dropped
         self._removed += reading.removed
+        self._directories = dict(reading.directories)
         self._covered = round_.covered if round_.covered is not None else self._covered
         self._read_at = now
         for shape in round_.expired:
             key = self._keys.pop(shape, None)
             if key is not None:
                 self.points.pop(key, None)
-        verdicts = [found for w in round_.windows if (found := self._export(w, now)) is not None]
+        verdicts = [
+            found for w in round_.windows if (found := self._export(w, now, probes)) is not None
+        ]
         self._ratios = _yardsticks(self.points, probes)
         self._keep_bounded()
         return verdicts
 
-    def _export(self, window: Window, now: float) -> tuple[SeriesKey, baseline.Verdict] | None:
+    def _export(
+        self, window: Window, now: float, probes: Mapping[SeriesKey, SeriesPoint]
+    ) -> tuple[SeriesKey, baseline.Verdict] | None:
         shape = window.shape
         # One key object per shape, made once: a new tuple each window, let go at once, piles
         # up in the interpreter's tuple free list (tracemalloc saw 30 a hour for days).
         key = self._keys.get(shape)
         if key is None:
             key = self._keys[shape] = shape.key(PROBE)
+        before = self.points.get(key)
+        was = before is not None and before.degraded
         verdict = None
         judged: dict[str, object] = {"judged": False}
         if shape.path == "node" and window.collectives >= self.settings.min_collectives:
-            verdict = self._book.observe(key, window.busbw, window.cv, None, at=now)
+            observed = self._book.observe(key, window.busbw, window.cv, None, at=now)
+            verdict = self._shown(key, window, observed, probes, was)
             self._judged_at[key] = now
             judged = verdict_fields(verdict)
-        elif key in self.points and self.points[key].judged:
-            judged = verdict_fields(self._book.verdict(key))  # too few to judge: the last verdict
+        elif before is not None and before.judged:
+            # Too few to judge: the last verdict, as it was shown.
+            last = self._book.verdict(key)
+            judged = verdict_fields(last if last is None or was else _healthy(last, was))
         self.points[key] = SeriesPoint(
             probe=PROBE,
             op=shape.op,
@@ -91,6 +113,23 @@ class JobsRecord:
             **judged,  # type: ignore[arg-type]
         )
         return (key, verdict) if verdict is not None else None
+
+    def _shown(
+        self,
+        key: SeriesKey,
+        window: Window,
+        verdict: baseline.Verdict,
+        probes: Mapping[SeriesKey, SeriesPoint],
+        was: bool,
+    ) -> baseline.Verdict:
+        """The book's verdict as it may be shown: degraded only where it is confirmed."""
+        if verdict.degraded:
+            line = (verdict.expected or 0.0) * self._book.policy.ratio_for(key[2])
+            agree = {job for job, level in window.levels if level < line}
+            if len(agree) >= WITNESSES or _probe_degraded(key, probes):
+                return dataclasses.replace(verdict, changed=not was)
+            self._unconfirmed += 1
+        return _healthy(verdict, was)
 
     def _keep_bounded(self) -> None:
         most = KEEP_PER_SHAPE * self.settings.max_shapes
@@ -119,10 +158,33 @@ class JobsRecord:
             covered=self._covered,
             rejected=dict(self._rejected),
             removed=self._removed,
+            directories=dict(self._directories),
+            unconfirmed=self._unconfirmed,
             read_at=self._read_at,
             window_s=self.settings.window,
             probe_ratios=dict(self._ratios),
         )
+
+
+def _healthy(verdict: baseline.Verdict, was: bool) -> baseline.Verdict:
+    """A verdict shown healthy: what the book says but no one confirms."""
+    if not verdict.degraded:
+        return dataclasses.replace(verdict, changed=was)
+    return dataclasses.replace(
+        verdict, degraded=False, reason=None, degraded_since=None, changed=was
+    )
+
+
+def _probe_degraded(key: SeriesKey, probes: Mapping[SeriesKey, SeriesPoint]) -> bool:
+    """An idle probe's series of the jobs shape's op, size and ranks is degraded."""
+    _, op, size, _, ranks = key
+    return any(
+        point.degraded
+        for (probe, p_op, p_size, path, p_ranks), point in probes.items()
+        if probe != PROBE
+        and path in YARDSTICK_PATHS
+        and (p_op, p_size, p_ranks) == (op, size, ranks)
+    )
 
 
 def _yardsticks(
