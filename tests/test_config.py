@@ -220,10 +220,13 @@ def test_embedded_default_on_an_eight_gpu_node() -> None:
     assert (large.name, large.interval) == ("large", 900.0)
     assert (min(large.sizes), max(large.sizes)) == (256 * MIB, GIB)
     assert list(small.sizes) == sorted(small.sizes) and list(large.sizes) == sorted(large.sizes)
-    # Issue 33: a bandwidth-bound size, judged, every minute; the rest of small is latency.
-    judged = [size for size in small.sizes if config.baseline.judges(size)]
-    assert judged == [64 * MIB]
-    assert max(s for s in small.sizes if s not in judged) == 64 * KIB
+    # Issue 33: a bandwidth-bound size, judged, every minute; the rest of small is latency,
+    # judged on GPUs too (issue 45: baseline.latency_ratio 0.6).
+    policy = config.baseline.for_ranks(config.backend)
+    bandwidth = [size for size in small.sizes if not policy.latency_bound(size)]
+    assert bandwidth == [64 * MIB]
+    assert max(s for s in small.sizes if s not in bandwidth) == 64 * KIB
+    assert all(policy.judges(size) for size in small.sizes)
 
 
 def test_the_cpu_default_judges_its_large_probe_only() -> None:
@@ -231,8 +234,9 @@ def test_the_cpu_default_judges_its_large_probe_only() -> None:
     config = resolve(load_config(None, environ={}), gpus=0)
     assert config.probes is not None
     small, large = config.probes
-    assert not any(config.baseline.judges(size) for size in small.sizes)
-    assert all(config.baseline.judges(size) for size in large.sizes)
+    policy = config.baseline.for_ranks(config.backend)
+    assert not any(policy.judges(size) for size in small.sizes)
+    assert all(policy.judges(size) for size in large.sizes)
 
 
 def test_nccl_without_gpus_is_refused_unless_devices_are_given() -> None:
@@ -280,10 +284,12 @@ def test_check_config_without_a_file_prints_the_embedded_default() -> None:
             "probes: [{name: a, sizes: [8], min_busbw: 150}]",
             ["probes[0].min_busbw", "did you mean 150G?"],
         ),
-        ("inspector: {dir: relative/x}", ["inspector: dir must be an absolute path"]),
-        ("inspector: {dir: /x, window: 10s}", ["inspector: window (10 s) must be >= interval"]),
-        ("inspector: {dir: /x, intervl: 5}", ["inspector.intervl: unknown setting", "interval"]),
-        ("inspector: {dir: /x, max_shapes: 0}", ["inspector.max_shapes"]),
+        ("inspector: {dir: relative/x}", ["inspector.dir: must be a directory below one of"]),
+        ("inspector: {dir: /, interval: 5}", ["inspector.dir: must be a directory below", "'/'"]),
+        ("inspector: {dir: /var/lib/x, window: 10s}", ["inspector: window (10 s) must be >="]),
+        ("inspector: {dir: /tmp/x, intervl: 5}", ["inspector.intervl: unknown", "interval"]),
+        ("inspector: {dir: /tmp/x, max_shapes: 0}", ["inspector.max_shapes"]),
+        ("inspector: {dir: /tmp/x, max_read_bytes: 100G}", ["inspector.max_read_bytes"]),
         ("baseline: {trigger: 9}", ["baseline", "trigger (9) must be <= of (5)"]),
         ("baseline: {trigger: 2, of: 5}", ["baseline", "more than half"]),
         (
@@ -559,3 +565,22 @@ def test_a_netmon_variable_like_a_misspelt_setting_is_warned_about_not_ignored_s
     warned = [r.getMessage() for r in caplog.records]
     # NETMON_CONFIG and the sweep ranks' variables are other programs' own: no word about them.
     assert warned == ["NETMON_LISTN is not a setting and is ignored; did you mean NETMON_LISTEN?"]
+
+
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    # PyYAML alone keeps the last: this file used to listen on every address.
+    path = write(tmp_path, "listen: 127.0.0.1:19464\nbackend: gloo\nlisten: 0.0.0.0:19464\n")
+    expected = "duplicate key 'listen' at lines 1 and 3"
+    line = assert_usage_error(netmon("check-config", str(path)), expected)
+    assert line.startswith(f"netmon: {path}: ")
+    assert_usage_error(netmon("serve", "--config", str(path)), expected)
+
+
+def test_an_environment_mapping_with_a_key_twice_names_the_variable() -> None:
+    environ = {"NETMON_IDLE": "{max_utilization: 5, max_utilization: 90}"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, environ=environ)
+    assert str(caught.value) == (
+        "NETMON_IDLE: not valid YAML: duplicate key 'max_utilization' at lines 1 and 1; "
+        "keep one of them"
+    )

@@ -175,7 +175,7 @@ def test_a_misspelt_key_at_any_depth_fails_the_daemon_and_the_schema(
         ({"probes": [{"name": "a", "sizes": [8], "op": "allreduce"}]}, "op"),
         ({"idle": {"max_memory_used": "lots"}}, "max_memory_used"),
         ({"backend": "mpi"}, "backend"),
-        ({"inspector": {"dir": "/x", "interval": 0.5}}, "interval"),
+        ({"inspector": {"dir": "/var/lib/x", "interval": 0.5}}, "interval"),
     ],
 )
 def test_a_wrong_value_fails_the_daemon_and_the_schema(

@@ -32,7 +32,7 @@ from netmon.exposition.http import MetricsServer
 from netmon.exposition.snapshot import Snapshot
 from netmon.exposition.webconfig import BasicAuth, WebConfigReloader, WebSecurity
 from tests.conftest import wait_for
-from tests.daemon_harness import _SERVING, fast_config
+from tests.daemon_harness import _SERVING, DaemonProcess, fast_config
 
 PASSWORD = "correct horse"
 # Cost 4, the lowest, keeps the tests fast; the cost changes nothing else.
@@ -687,17 +687,92 @@ def test_a_reload_keeps_the_checked_passwords_when_the_users_are_unchanged(
     assert reloader.current().auth is not first.auth
 
 
-def test_sighup_path_reloads_even_when_the_files_look_unchanged(tmp_path: Path) -> None:
+def test_a_change_that_keeps_size_inode_and_mtime_is_seen_by_its_contents(tmp_path: Path) -> None:
     web = write_config(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
     reloader = WebConfigReloader(webconfig.load(web), interval=0.0)
+    old, new = (basic("prometheus", p)["Authorization"] for p in (PASSWORD, NEW_PASSWORD))
+    assert reloader.current().auth is not None
     before = web.stat()
     web.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": NEW_HASH}}))
     os.utime(web, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = web.stat()
     assert (after.st_size, after.st_ino) == (before.st_size, before.st_ino)  # same length hashes
-    old, new = (basic("prometheus", p)["Authorization"] for p in (PASSWORD, NEW_PASSWORD))
-    unchanged = reloader.current().auth
-    assert unchanged is not None and unchanged.check(old)  # the change does not show
-    assert reloader.reload()
+    # Stamped by contents: the poll sees it, no signal needed (it used to keep the old password).
     auth = reloader.current().auth
     assert auth is not None and auth.check(new) and not auth.check(old)
+    # SIGHUP loads the file again whatever its stamp says.
+    assert reloader.reload() and reloader.current().auth is not None
+
+
+def test_a_second_empty_basic_auth_users_is_refused_not_read_as_no_auth(
+    pki: Pki, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, fast_config(tmp_path), "netmon.yml")
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config:\n  cert_file: {pki.server_cert}\n  key_file: {pki.server_key}\n"
+        f"basic_auth_users:\n  prometheus: {HASH}\nbasic_auth_users:\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "netmon", "serve", "--config", config, "--web-config", web],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"netmon: --web-config {web}: not valid YAML: duplicate key 'basic_auth_users' at lines "
+        "4 and 6; keep one of them"
+    ]
+
+
+def padded(pem: bytes, size: int) -> bytes:
+    """`pem` with a trailing comment to `size` bytes: OpenSSL reads only between the markers."""
+    assert len(pem) < size
+    return pem + b"#" * (size - len(pem) - 1) + b"\n"
+
+
+def test_a_key_rotated_in_place_is_served_by_the_daemon_with_and_without_sighup(
+    pki: Pki, tmp_path: Path
+) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    size = 4096  # every file this size: a rewrite keeps size, inode and (restored) mtime
+    cert.write_bytes(padded(pki.server_cert.read_bytes(), size))
+    key.write_bytes(padded(pki.server_key.read_bytes(), size))
+    web = write_config(
+        tmp_path, {"tls_server_config": {"cert_file": "tls.crt", "key_file": "tls.key"}}
+    )
+    daemon = DaemonProcess(
+        tmp_path, fast_config(tmp_path), args=("--web-config", str(web)), name="rotating"
+    )
+    try:
+        renewed = self_signed(tmp_path, "renewed", "-addext", SAN)
+        third = self_signed(tmp_path, "third", "-addext", SAN)
+        context = client_context(pki)
+        for trusted, _ in (renewed, third):
+            context.load_verify_locations(cafile=str(trusted))
+        assert served_fingerprint(daemon.port, context) == fingerprint(pki.server_cert)
+
+        def rotate(new: tuple[Path, Path]) -> None:
+            for path, source in ((key, new[1]), (cert, new[0])):
+                before = path.stat()
+                path.write_bytes(padded(source.read_bytes(), size))
+                os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+                after = path.stat()
+                assert (after.st_size, after.st_ino, after.st_mtime_ns) == (
+                    before.st_size, before.st_ino, before.st_mtime_ns
+                )  # fmt: skip
+
+        # No signal: the files are stamped by contents, so the poll sees what stat cannot.
+        rotate(renewed)
+        wanted = fingerprint(renewed[0])
+        wait_for(lambda: served_fingerprint(daemon.port, context) == wanted, 20, "the renewed cert")
+        # SIGHUP: read at once, and the daemon says so.
+        rotate(third)
+        daemon.proc.send_signal(signal.SIGHUP)
+        wanted = fingerprint(third[0])
+        wait_for(lambda: served_fingerprint(daemon.port, context) == wanted, 20, "the third cert")
+        wait_for(lambda: "configuration reloaded" in daemon.log(), 20, "the reload's log line")
+        assert daemon.stop() == 0
+    finally:
+        daemon.kill_all()

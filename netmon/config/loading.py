@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from netmon import envvars
+from netmon import documents, envvars
 from netmon.config.models import NetmonConfig
 from netmon.errors import ConfigError, describe_validation_error, describe_yaml_error, field_path
 
@@ -36,8 +36,8 @@ def load_document(path: Path | None) -> dict[str, Any]:
             f"{path}: not UTF-8 text (byte {exc.start}); YAML must be UTF-8"
         ) from None
     try:
-        document = yaml.safe_load(text)
-    except Exception as exc:  # YAMLError, and PyYAML's constructors: 2001-13-01, !!int x
+        document = documents.load(text)
+    except Exception as exc:  # YAMLError (a key twice), PyYAML's constructors: 2001-13-01, !!int x
         raise ConfigError(f"{path}: {describe_yaml_error(exc)}") from None
     if document is None:
         return {}

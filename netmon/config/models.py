@@ -8,7 +8,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,15 +20,17 @@ from pydantic import (
 )
 
 from netmon.bandwidth import (
+    MAX_PROBE_SIZE,
     DTypeName,
     OpName,
     RankStat,
+    bounded_size,
     parse_duration,
     parse_rate,
-    parse_size,
     size_sweep,
 )
 from netmon.baseline import BaselinePolicy
+from netmon.baseline.expect import ExpectEntry
 from netmon.errors import (
     CouldNotRun,
 )
@@ -67,7 +69,7 @@ def _duration(value: object) -> object:
 
 def _size(value: Any) -> int:
     try:
-        return parse_size(value)
+        return bounded_size(value, MAX_PROBE_SIZE, "a probe moves (a rank holds twice it)")
     except OverflowError:  # digits beyond a float's range: a ValueError, so the field is named
         raise ValueError("the size is too large") from None
 
@@ -86,6 +88,8 @@ def _devices(value: object) -> object:
     return value
 
 
+_PROBE_SIZE = {**INTEGER, "maximum": MAX_PROBE_SIZE}
+
 # The schema's side of _devices: a list of indexes or UUIDs, one of them, or "0,1".
 _DEVICES = both(items_also(INTEGER), also(ANY_TEXT, INTEGER))
 
@@ -93,8 +97,9 @@ _DEVICES = both(items_also(INTEGER), also(ANY_TEXT, INTEGER))
 class ProbeConfig(_Strict):
     name: str
     op: OpName = "all_reduce"
-    sizes: tuple[int, ...] = Field(
-        json_schema_extra=both(items_also(SIZE_TEXT), also(SIZES_TEXT, INTEGER, SIZE_SWEEP))
+    # Each at most MAX_PROBE_SIZE (16G: netmon.bandwidth says why), in the schema too.
+    sizes: tuple[Annotated[int, Field(le=MAX_PROBE_SIZE)], ...] = Field(
+        json_schema_extra=both(items_also(SIZE_TEXT), also(SIZES_TEXT, _PROBE_SIZE, SIZE_SWEEP))
     )
     interval: float = Field(60.0, gt=0, json_schema_extra=also(DURATION_TEXT))
     jitter: float | None = Field(
@@ -231,6 +236,23 @@ class ProbeConfig(_Strict):
         return self.jitter if self.jitter is not None else round(self.interval * 0.1, 3)
 
 
+class SiteExpectation(ExpectEntry):
+    """An `expect:` entry: the busbw this site's healthy nodes of a GPU model reach at least, for
+    series of one shape (docs/SIGNAL.md, "Expected levels"); it replaces the shipped table's
+    figures for that shape."""
+
+    @field_validator("path")
+    @classmethod
+    def _path_runs_op(cls, value: str, info: ValidationInfo) -> str:
+        # op is declared first, so it is validated by now (missing only when invalid, and then
+        # its own error is reported): the error names this entry's path, the field to fix.
+        check_names([value])
+        op = info.data.get("op")
+        if op is not None:
+            check_op([value], op)
+        return value
+
+
 class LoggingConfig(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["plain", "json"] = "plain"
@@ -258,6 +280,9 @@ class LinkTelemetryConfig(_Strict):
 class NetmonConfig(_Strict):
     listen: str = "127.0.0.1:19464"
     state_dir: Path | None = None  # default: /var/lib/netmon as root, else ~/.local/state/netmon
+    # A baseline state file that is there but unusable: set aside and counted, starting afresh
+    # (continue), or the daemon refuses to start and leaves it in place (refuse).
+    state_on_corrupt: Literal["continue", "refuse"] = "continue"
     backend: Backend | None = None  # default: nccl where GPUs are present, else gloo
     ranks: int | None = Field(None, ge=1, le=64, description="gloo only: CPU ranks")
     devices: tuple[str, ...] | None = Field(None, json_schema_extra=_DEVICES)
@@ -269,6 +294,9 @@ class NetmonConfig(_Strict):
     probes: tuple[ProbeConfig, ...] | None = None  # default: the embedded small and large probes
     idle: IdlePolicy = IdlePolicy()
     baseline: BaselinePolicy = BaselinePolicy()
+    # The levels a young series is checked against before it has learned its own, over the
+    # shipped table of published figures (netmon.baseline.expect).
+    expect: tuple[SiteExpectation, ...] = ()
     logging: LoggingConfig = LoggingConfig()
     rank_python: str | None = None  # interpreter for rank processes; default: this one
     # How rank processes start: forked by the rank zygote, which imported torch once
@@ -318,6 +346,20 @@ class NetmonConfig(_Strict):
                 raise ValueError(f"probe {probe.name} has scope {probe.scope}: configure `group`")
             if probe.scope != "local" and probe.kind == "pairs":
                 raise ValueError(f"probe {probe.name}: pairs probes are local (scope: local)")
+        return self
+
+    @model_validator(mode="after")
+    def _one_level_per_entry(self) -> NetmonConfig:
+        # Two entries for one shape and size: which one the daemon takes would be an accident.
+        seen: set[tuple[str, int, str, str, int]] = set()
+        for i, e in enumerate(self.expect):
+            shape = (e.gpu_model.casefold(), e.gpus, e.op, e.path, e.size_bytes_min)
+            if shape in seen:
+                raise ValueError(
+                    f"expect[{i}]: a second entry for {e.gpu_model} x{e.gpus} {e.op} {e.path} at "
+                    f"{e.size_bytes_min} bytes; keep one"
+                )
+            seen.add(shape)
         return self
 
     @model_validator(mode="after")

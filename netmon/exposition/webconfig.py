@@ -7,21 +7,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import hashlib
 import hmac
 import logging
+import os
 import secrets
 import ssl
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import bcrypt
-import yaml
 
+from netmon import documents
 from netmon.errors import UsageError, describe_yaml_error
 from netmon.exposition.webschema import TLSServerConfig, WebConfig, parse
 from netmon.logs import event
@@ -36,18 +38,50 @@ _VERIFY_MODES = {
 _TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
+class Verdict(enum.Enum):
+    """What BasicAuth says of a request: let it in, 401, or 429 (BUSY, LIMITED) and close."""
+
+    OK = "ok"
+    DENIED = "denied"  # wrong or missing credentials: 401
+    BUSY = "busy"  # no bcrypt slot within the wait: 429, the password left unchecked
+    LIMITED = "limited"  # this client's failed attempts are over its rate: 429, unchecked
+
+
 class BasicAuth:
-    """Checks `Authorization: Basic` headers against bcrypt hashes.
+    """Checks `Authorization: Basic` headers against bcrypt hashes, and cannot be starved.
 
     Every user is compared (digests, constant time), and an unknown user still costs one bcrypt
-    check, so timing does not tell which user names exist. bcrypt runs one at a time: a flood of
-    guesses burns one core of the node, not all of them. Successful checks are cached (bounded), so
-    a scrape every second costs a dictionary lookup rather than a bcrypt check.
+    check, so timing does not tell which user names exist. Successful checks are cached
+    (bounded), so a scrape every second costs a dictionary lookup, never a bcrypt check nor a
+    wait behind one: a cache hit takes no bcrypt slot at all.
+
+    A bcrypt check at cost 12 takes a core for 0.5 to 2 s (docs/SECURITY.md), so an uncached
+    request is bounded three ways: at most `checks` run at once (a flood of guesses burns that
+    many cores of the node, not all of them); a request waits at most `wait_s` for a slot, then
+    gets BUSY (429) instead of holding its connection and thread behind the queue; and each client
+    address may fail `burst` times, then once every `interval_s` seconds (a token bucket, like
+    exporter-toolkit's rate_limit, but counting failures only, so an attacker cannot spend the
+    budget of the Prometheus beside it). Refusals are logged, at most one warning a minute.
     """
 
     CACHE_SIZE = 64
+    CHECKS = max(1, min(2, os.cpu_count() or 1))
+    WAIT_S = 1.0
+    BURST = 20
+    INTERVAL_S = 0.5
+    CLIENTS = 4096  # failure buckets kept; past that the oldest is forgotten
+    WARN_EVERY_S = 60.0
 
-    def __init__(self, users: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        users: Mapping[str, str],
+        *,
+        checks: int = CHECKS,
+        wait_s: float = WAIT_S,
+        burst: int = BURST,
+        interval_s: float = INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not users:
             raise ValueError("no users")
         self._users = [
@@ -59,16 +93,25 @@ class BasicAuth:
         self._decoy = max((hashed for _, hashed in self._users), key=lambda h: int(h[4:6]))
         self._key = secrets.token_bytes(32)  # cache keys are keyed digests, never passwords
         self._cache: dict[bytes, None] = {}
-        self._cache_lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache and the buckets; never held across bcrypt
+        self._slots = threading.BoundedSemaphore(checks)
+        self._wait_s = wait_s
+        self._failures = _FailureBuckets(burst, interval_s, self.CLIENTS, clock)
+        self.refused = {Verdict.BUSY: 0, Verdict.LIMITED: 0}  # since start, for the warning
+        self._clock = clock
+        self._warned = -self.WARN_EVERY_S
 
     def same_users(self, users: Mapping[str, str]) -> bool:
         return self._given == dict(users)
 
-    def check(self, header: str | None) -> bool:
+    def check(self, header: str | None, client: str = "") -> bool:
+        return self.verify(header, client) is Verdict.OK
+
+    def verify(self, header: str | None, client: str = "") -> Verdict:
+        """The verdict on one request's Authorization header, from the client address `client`."""
         credentials = _credentials(header)
         if credentials is None:
-            return False
+            return Verdict.DENIED  # nothing to check: costs nothing
         user, password = credentials
         digest = hashlib.sha256(user).digest()
         found: bytes | None = None
@@ -79,21 +122,80 @@ class BasicAuth:
         # Fixed-length parts (a bcrypt hash is 60 bytes): no two triples make the same message.
         message = digest + hashed + hashlib.sha256(password).digest()
         key = hmac.new(self._key, message, "sha256").digest()
-        with self._cache_lock:
+        with self._lock:
             if found is not None and key in self._cache:
-                return True
-        with self._bcrypt_lock:
-            try:
-                ok = bcrypt.checkpw(password, hashed)
-            except ValueError:  # a password over bcrypt's 72 bytes
-                ok = False
+                return Verdict.OK
+            # The token is taken before the check, so a thousand guesses at once cannot all pass.
+            allowed = self._failures.take(client)
+        if not allowed:
+            return self._refuse(Verdict.LIMITED)
+        if not self._slots.acquire(timeout=self._wait_s):
+            with self._lock:
+                self._failures.give_back(client)  # nothing was checked
+            return self._refuse(Verdict.BUSY)
+        try:
+            ok = bcrypt.checkpw(password, hashed)
+        except ValueError:  # a password over bcrypt's 72 bytes
+            ok = False
+        finally:
+            self._slots.release()
         if not (ok and found is not None):
-            return False
-        with self._cache_lock:
+            return Verdict.DENIED
+        with self._lock:
+            self._failures.give_back(client)  # a success is not a failed attempt
             if len(self._cache) >= self.CACHE_SIZE:
                 del self._cache[next(iter(self._cache))]  # the oldest
             self._cache[key] = None
-        return True
+        return Verdict.OK
+
+    def _refuse(self, verdict: Verdict) -> Verdict:
+        with self._lock:
+            self.refused[verdict] += 1
+            now = self._clock()
+            due = now - self._warned >= self.WARN_EVERY_S
+            if due:
+                self._warned = now
+        if due:
+            log.warning(
+                "basic auth: refusing unchecked guesses with 429 (since start: %d with bcrypt "
+                "busy, %d over a client's rate of failures)",
+                self.refused[Verdict.BUSY],
+                self.refused[Verdict.LIMITED],
+            )
+        return verdict
+
+
+class _FailureBuckets:
+    """A token bucket of failed attempts per client address: `burst` at once, then one every
+    `interval_s` seconds; at most `size` clients remembered (the least recently seen go first)."""
+
+    def __init__(
+        self, burst: int, interval_s: float, size: int, clock: Callable[[], float]
+    ) -> None:
+        self._burst = burst
+        self._interval = interval_s
+        self._size = size
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # client: (tokens, when counted)
+
+    def _tokens(self, client: str) -> float:
+        tokens, then = self._buckets.pop(client, (float(self._burst), self._clock()))
+        refill = (self._clock() - then) / self._interval if self._interval > 0 else self._burst
+        return min(float(self._burst), tokens + refill)
+
+    def take(self, client: str) -> bool:
+        tokens = self._tokens(client)
+        taken = tokens >= 1
+        self._store(client, tokens - 1 if taken else tokens)
+        return taken
+
+    def give_back(self, client: str) -> None:
+        self._store(client, min(float(self._burst), self._tokens(client) + 1))
+
+    def _store(self, client: str, tokens: float) -> None:
+        self._buckets[client] = (tokens, self._clock())  # re-inserted: the newest at the end
+        if len(self._buckets) > self._size:
+            del self._buckets[next(iter(self._buckets))]
 
 
 def _credentials(header: str | None) -> tuple[bytes, bytes] | None:
@@ -108,10 +210,13 @@ def _credentials(header: str | None) -> tuple[bytes, bytes] | None:
     return (user, password) if sep else None
 
 
-# A file's version: (st_mtime_ns, st_size, st_ino), or None when it cannot be found. The inode is
-# there for files replaced by a rename or a symlink swap (Kubernetes Secret volumes), which can
-# keep the size and the modification time.
-FileState: TypeAlias = tuple[int, int, int] | None
+# A file's version: a digest of its contents, or None when it cannot be read. Contents, not
+# (mtime, size, inode): a key rewritten in place within one timestamp tick, or restored with its
+# old mtime, keeps all three, and a Kubernetes Secret swap (a symlink) keeps the path.
+FileState: TypeAlias = bytes | None
+# What a stamp reads of a file: certificates, keys and the web-config are a few KiB; a larger file
+# is still told apart by its size, which is hashed too.
+_STAMP_BYTES = 1 << 20
 Stamp: TypeAlias = tuple[tuple[Path, FileState], ...]
 
 
@@ -178,10 +283,12 @@ def _named_files(config: WebConfig, base: Path) -> tuple[Path, ...]:
 
 def _file_state(path: Path) -> FileState:
     try:
-        status = path.stat()  # follows symlinks: a swapped target has another inode
+        with path.open("rb") as file:  # follows symlinks: a swapped target reads differently
+            head = file.read(_STAMP_BYTES)
+            size = file.seek(0, 2)
     except OSError:
         return None
-    return (status.st_mtime_ns, status.st_size, status.st_ino)
+    return hashlib.sha256(size.to_bytes(8, "big") + head).digest()
 
 
 def _stamp(paths: Iterable[Path]) -> Stamp:
@@ -196,7 +303,7 @@ def _read(path: Path) -> Mapping[str, Any]:
     except UnicodeDecodeError as exc:
         raise UsageError(f"not UTF-8 text (byte {exc.start})") from None
     try:
-        document = yaml.safe_load(text)
+        document = documents.load(text)  # a second, empty basic_auth_users: is refused
     except Exception as exc:  # YAMLError, and what PyYAML's constructors raise (!!int x)
         # Not quoted: a constructor's message can hold a value, and values here can be secrets.
         raise UsageError(describe_yaml_error(exc, quote=False)) from None
@@ -277,8 +384,9 @@ class WebConfigReloader:
     web/tls_config.go sets the TLS config's GetConfigForClient hook to read the file and the
     certificates again for every new TLS connection. netmon follows it, more cheaply: `current()`
     runs on every new connection and request, and at most once per `interval` seconds it compares
-    the state of the web-config file and of the files it names. Only a change costs a read, and a
-    reload runs in the connection's thread, so there is no thread of its own to leak.
+    a digest of the contents of the web-config file and of the files it names (a few KiB). Only a
+    change costs a parse and a new TLS context, and a reload runs in the connection's thread, so
+    there is no thread of its own to leak.
 
     Where exporter-toolkit fails the handshake (or answers 500) while the file is broken, netmon
     keeps the last good configuration and logs one warning per change, not one per connection.

@@ -33,7 +33,10 @@ _UNSUPPORTED = {
     "cipher_suites": "not supported; OpenSSL's defaults apply (min_version TLS13 narrows them)",
     "prefer_server_cipher_suites": "not supported; OpenSSL's defaults apply",
     "curve_preferences": "not supported; OpenSSL's defaults apply",
-    "rate_limit": "not supported; netmon caps concurrent connections instead",
+    "rate_limit": (
+        "not supported: one limit on every request lets a guesser use up Prometheus' share; "
+        "netmon limits each client's failed logins and concurrent bcrypt checks instead"
+    ),
 }
 _WEAK_CLIENT_AUTH = {
     "RequestClientCert": "does not verify the certificate",
