@@ -43,7 +43,7 @@ from netmon.inspector.settings import InspectorConfig
 from netmon.inspector.shapes import Shapes
 from netmon.serve.jobs_record import JobsRecord
 from tests.daemon_harness import DaemonProcess, fast_config, wait_until
-from tests.inspector_files import Comm, json_dump, prom_dump, training_comms
+from tests.inspector_files import Comm, json_dump, marked_root, prom_dump, training_comms
 
 EVERY = 30.0
 START = 1_790_000_000.0
@@ -118,7 +118,8 @@ def daemon_cost(seconds: float, with_inspector: bool) -> dict[str, Any]:
         for probe in config["probes"]:
             probe["interval"] = "600s"
         if with_inspector:
-            config["inspector"] = {"dir": str(tmp / "inspector"), "interval": 1, "window": 1}
+            root = marked_root(tmp / "inspector")  # as the site's setup makes it
+            config["inspector"] = {"dir": str(root), "interval": 1, "window": 1}
         daemon = DaemonProcess(tmp, config)
         try:
             # Its first probe runs (start-up) done: the window below is the steady state.

@@ -111,6 +111,53 @@ def flapping(
     return fault
 
 
+def outliers(
+    rate: float, low: float, high: float, rng: random.Random
+) -> Callable[[int, float], float]:
+    """Heavy-tailed noise: each result, with probability `rate`, at a factor drawn uniformly
+    from [low, high] (a noisy neighbour on the host or the fabric), else untouched."""
+    return lambda _i, _t: rng.uniform(low, high) if rng.random() < rate else 1.0
+
+
+def bimodal(low: float, rng: random.Random) -> Callable[[int, float], float]:
+    """Two levels at random, result by result: 1 or `low` (NCCL's tuner picking one of two
+    algorithms, or two rings of different speed)."""
+    return lambda _i, _t: low if rng.random() < 0.5 else 1.0
+
+
+def upgrade(
+    gain: float, at_s: float, hold_s: float, rate_per_hour: float
+) -> Callable[[int, float], float]:
+    """From `at_s` the level is 1 + gain (a new driver or NCCL), held `hold_s`, then it loses
+    `rate_per_hour` of that new level an hour."""
+
+    def fault(_i: int, t: float) -> float:
+        if t < at_s:
+            return 1.0
+        hours = max(0.0, t - at_s - hold_s) / 3600
+        return (1 + gain) * max(0.0, 1 - rate_per_hour * hours)
+
+    return fault
+
+
+def both(
+    first: Callable[[int, float], float], second: Callable[[int, float], float]
+) -> Callable[[int, float], float]:
+    return lambda i, t: first(i, t) * second(i, t)
+
+
+def episodes(flags: list[bool]) -> list[int]:
+    """The lengths of the degraded stretches of a replayed stream's verdicts."""
+    lengths, run = [], 0
+    for flag in [*flags, False]:
+        if flag:
+            run += 1
+        elif run:
+            lengths.append(run)
+            run = 0
+    return lengths
+
+
 def stream(
     shape: Shape,
     seed: int,
@@ -159,7 +206,7 @@ def shape_of(args: argparse.Namespace, rng: random.Random) -> Shape:
     return Shape(healthy, no_fault)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "kind", choices=["healthy", "swing", "wander", "cut", "step", "flap", "decline"]
@@ -178,11 +225,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=24.0, help="how long a cut or flap holds")
     parser.add_argument("--rate", type=float, default=0.005, help="decline: loss per hour")
     parser.add_argument("--restart", action="store_true", help="cut: restart halfway through it")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main_stream(argv: list[str] | None = None) -> Iterator[dict[str, Any]]:
+    """The results this command line of the script would print (bench/replay_bench.py)."""
+    args = parser().parse_args(argv)
     rng = random.Random(args.seed)
-    for result in stream(
-        shape_of(args, rng), args.seed, args.days, args.interval, args.noise, rng=rng
-    ):
+    return stream(shape_of(args, rng), args.seed, args.days, args.interval, args.noise, rng=rng)
+
+
+def main(argv: list[str] | None = None) -> int:
+    for result in main_stream(argv):
         sys.stdout.write(json.dumps(result) + "\n")
     return 0
 

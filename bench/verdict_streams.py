@@ -19,6 +19,8 @@ Rows:
     python bench/verdict_streams.py --rows decline,wander --policy decline_margin=0.12
 
 One JSON document goes to stdout: per row, each trial's figures and a summary.
+The rows of issue 45 (heavy, bimodal, bimodal_cut, young, upgrade, latency) live in
+bench/verdict_classes.py.
 """
 
 from __future__ import annotations
@@ -38,25 +40,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import streams as s
+from verdict_classes import NEW_ROWS, NEW_SUMMARIES, index_at, offset, verdicts
 
 from netmon.baseline import BaselinePolicy
-from netmon.serve import replay
 
 H = 3600.0
-ROWS = ("swing", "wander", "cut", "step", "flap", "decline")
-
-
-def verdicts(results: list[dict[str, Any]], policy: BaselinePolicy) -> list[replay.Replayed]:
-    parsed = [replay.parse_result(r, f"result {i}") for i, r in enumerate(results)]
-    return list(replay.replay(parsed, policy))
-
-
-def offset(results: list[dict[str, Any]], i: int) -> float:
-    return float(results[i]["t"]) - s.T0
-
-
-def index_at(results: list[dict[str, Any]], seconds: float) -> int:
-    return next((i for i in range(len(results)) if offset(results, i) >= seconds), len(results))
+ROWS = (
+    "swing",
+    "wander",
+    "cut",
+    "step",
+    "flap",
+    "decline",
+    "heavy",
+    "bimodal",
+    "bimodal_cut",
+    "young",
+    "upgrade",
+    "latency",
+)
+# A latency-bound series: 8 B all_reduce on 8 ranks, about 30 us an op, given as time_s.
 
 
 def longest(flags: list[bool]) -> int:
@@ -125,7 +128,9 @@ def trial(row: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
             "flapping_share": sum(r.verdict.reason == "flapping" for r in during) / len(during),
             "false_before": sum(r.verdict.degraded for r in out[:begin]),
         }
-    return decline(seed, rng, args, policy)
+    if row == "decline":
+        return decline(seed, rng, args, policy)
+    return NEW_ROWS[row](seed, rng, args, policy)
 
 
 def cut(
@@ -185,6 +190,7 @@ def decline(
 
 
 SUMMARIES: dict[str, Callable[[list[dict[str, Any]]], dict[str, Any]]] = {
+    **NEW_SUMMARIES,
     "swing": lambda t: {
         "max_share": max(x["share"] for x in t),
         "max_longest": max(x["longest"] for x in t),
@@ -236,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--interval", type=float, default=60.0)
     parser.add_argument("--noise", type=float, default=0.05)
+    parser.add_argument("--days", type=float, default=7.0, help="heavy, bimodal: days a trial")
     parser.add_argument("--policy", type=policy_fields, default={}, help="NAME=VALUE,...")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)

@@ -55,14 +55,21 @@ def reasons(verdicts: Iterable[Verdict]) -> set[str | None]:
 
 
 def test_the_reference_is_young_for_a_day_then_fixed_at_the_median_of_its_hours() -> None:
-    stream = Stream()
+    # The reference reads learned results in the hour they came; learned at once, so that
+    # each hour's figure is known at its last result (by default a result is learned
+    # learn_delay results later, and the hours lag by as many).
+    stream = Stream(BaselinePolicy(learn_delay=0))
     # A day whose hours alternate 1.04 and 0.96: the first hour alone would say 1.04.
     day = [v for hour in range(24) for v in [GOOD * (0.96 if hour % 2 else 1.04)] * 60]
     verdicts = stream.feed(day)
     assert not any(v.reference_mature for v in verdicts)
-    assert verdicts[59].reference == pytest.approx(GOOD * 1.04)  # young: the first hour's
-    # The hours so far, the one under way counted as one: 1.04 and 0.98 x 0.96.
-    assert verdicts[60].reference == pytest.approx(GOOD * (1.04 + 0.9408) / 2)
+    # Young: the first hour's midmean. Its learned results are 2-59 (two settle), their
+    # wobble 19 x 0.98, 19 x 1.0, 20 x 1.02; the middle 30 of the 58 are 5 x 0.98, 19 x 1.0
+    # and 6 x 1.02.
+    first_hour = 1.04 * (5 * 0.98 + 19 * 1.0 + 6 * 1.02) / 30
+    assert verdicts[59].reference == pytest.approx(GOOD * first_hour)
+    # The hours so far, the one under way counted as one: the first and 0.98 x 0.96.
+    assert verdicts[60].reference == pytest.approx(GOOD * (first_hour + 0.9408) / 2)
     (first,) = stream.feed([GOOD])  # the 25th hour begins: the 24th is complete
     assert first.reference_mature
     assert first.reference == pytest.approx(GOOD)  # the median of 12 x 1.04 and 12 x 0.96
@@ -120,17 +127,30 @@ def test_a_held_cut_and_its_repair_are_not_flapping() -> None:
     assert not verdicts[-1].degraded
 
 
-def test_noisy_results_are_evidence_of_flapping_beside_low_ones() -> None:
-    stream = learned()
+# A series whose own rate of bad results is known to be low (about 1 in 1,000, as a day of
+# healthy results shows): flapping needs 5 bad results in 20 on it. On a series an hour old,
+# the default prior (flap_base_rate 0.01 over flap_prior 100 results) asks for 8.
+KNOWN_RATE = BaselinePolicy(flap_base_rate=0.001, flap_prior=1000)
+
+
+def flaps_with_noisy_results(noisy_too: bool) -> list[Verdict]:
+    stream = learned(KNOWN_RATE)
     book, verdicts = stream.book, []
     for i in range(60):
-        # One result in ten at half bandwidth, two in ten with their own cv ten times the
-        # usual: two low results in 20 are not flapping, but with four noisy ones beside them
-        # (a link that drops out within a run is noisy exactly so) they are.
-        low, noisy = i % 10 == 3, i % 10 in (0, 6)
+        # One result in ten at half bandwidth, two in ten (if noisy_too) with their own cv ten
+        # times the usual.
+        low, noisy = i % 10 == 3, noisy_too and i % 10 in (0, 6)
         busbw, cv = (GOOD * 0.5 if low else GOOD), (0.5 if noisy else 0.0)
         verdicts.append(book.observe(KEY, busbw, cv, at=stream.t))
         stream.t += 60
+    return verdicts
+
+
+def test_noisy_results_are_evidence_of_flapping_beside_low_ones() -> None:
+    # Two low results in 20 are not flapping, but with four noisy ones beside them (a link
+    # that drops out within a run is noisy exactly so) they are.
+    assert not any(v.degraded for v in flaps_with_noisy_results(noisy_too=False))
+    verdicts = flaps_with_noisy_results(noisy_too=True)
     assert any(v.inconclusive == "noisy" for v in verdicts)
     assert "flapping" in reasons(verdicts)
 

@@ -390,10 +390,15 @@ def test_a_new_rank_zygote_or_a_pause_settles_every_series_and_every_result_is_c
     results.zygote_started()
     assert run_all() == ["settling"] * 3
     assert run_all() == [None] * 3
+    # The wall clock steps an hour forward: no time passed, so no pause and nothing settles.
+    stepped = time.time() + 3600
+    clock = SimpleNamespace(time=lambda: stepped, monotonic=time.monotonic)
+    monkeypatch.setattr(results_module, "time", clock)
+    assert run_all() == [None] * 3
     # The probes then do not run for longer than two intervals (paused, GPUs held by jobs):
     # their next results settle again.
-    later = time.time() + 10 * max(p.interval for p in config.probes)
-    monkeypatch.setattr(results_module, "time", SimpleNamespace(time=lambda: later))
+    later = time.monotonic() + 10 * max(p.interval for p in config.probes)
+    clock.monotonic = lambda: later
     assert run_all() == ["settling"] * 3
     assert run_all() == [None] * 3
 
@@ -404,5 +409,5 @@ def test_a_new_rank_zygote_or_a_pause_settles_every_series_and_every_result_is_c
             sizes
         )
         total = registry.get_sample_value("netmon_series_results_total", {"probe": probe})
-        assert total == 6 * len(sizes)
+        assert total == 7 * len(sizes)  # seven runs, one after the step of the wall clock
     assert registry.get_sample_value("netmon_zygote_starts_total") == 1

@@ -40,24 +40,12 @@ def index_at(results: list[dict[str, Any]], seconds: float) -> int:
     return next(i for i, r in enumerate(results) if r["t"] - s.T0 >= seconds)
 
 
-def episodes(flags: list[bool]) -> list[int]:
-    """The lengths of the degraded stretches."""
-    lengths, run = [], 0
-    for flag in [*flags, False]:
-        if flag:
-            run += 1
-        elif run:
-            lengths.append(run)
-            run = 0
-    return lengths
-
-
 @pytest.mark.parametrize("phase", ["peak", "trough", "mean"])
 def test_a_healthy_daily_swing_is_never_paged_whatever_its_start(phase: str) -> None:
     results = list(s.stream(s.Shape(s.swing(0.10, phase), s.no_fault), SEED, days=7))
     flags = [r.verdict.degraded for r in replayed(results)]
     assert sum(flags) / len(flags) < 0.005
-    assert max(episodes(flags), default=0) < 10  # no episode a 10-minute alert would page on
+    assert max(s.episodes(flags), default=0) < 10  # no episode a 10-minute alert would page on
     assert replayed(results[-1:])  # the stream is not empty
 
 
@@ -162,6 +150,7 @@ def test_replay_prints_a_json_line_per_result_in_input_order(tmp_path: Path) -> 
     )
     assert {line["verdict"] for line in lines} <= {
         "learning",
+        "young",  # a baseline, but fewer than a window of results: checked for a cut
         "healthy",
         "degraded",
         "inconclusive",
@@ -237,3 +226,51 @@ def test_replay_refuses_bad_input_in_one_line_naming_the_field(
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert message in line and (not content or "stream.jsonl:1" in line), line
+
+
+def test_replay_reads_json_lines_from_stdin_as_from_a_file(tmp_path: Path) -> None:
+    # Read twice (the intervals, then the replay): stdin goes to a temporary file first.
+    results = list(s.stream(s.Shape(s.flat, s.held(0.4, 0.5 * H, 1)), SEED, days=0.1))
+    text = "".join(json.dumps(r) + "\n" for r in results)
+    path = tmp_path / "stream.jsonl"
+    path.write_text(text)
+    from_file = run_replay(str(path), "--json")
+    from_stdin = run_replay("-", "--json", stdin=text)
+    assert from_file.returncode == 0 and from_stdin.returncode == 0, from_stdin.stderr
+    assert len(from_file.stdout.splitlines()) == len(results)
+    assert from_stdin.stdout == from_file.stdout
+
+
+def test_replay_checks_every_line_before_it_prints_one(tmp_path: Path) -> None:
+    # The results are replayed as they are read, but only once all of them have been checked.
+    results = list(s.stream(s.Shape(s.flat, s.no_fault), SEED, days=0.1))
+    bad = {**results[-1], "busbw": -1}
+    path = tmp_path / "stream.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*results, bad]))
+    done = run_replay(str(path), "--json")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert f"stream.jsonl:{len(results) + 1}" in done.stderr and "busbw" in done.stderr
+
+
+def test_a_result_checked_plainly_is_one_the_model_takes_as_it_is() -> None:
+    # The first reading checks a plain result without a model (replay.plain): only what
+    # StreamResult takes unchanged may pass; anything else goes to the model and its errors.
+    rng = random.Random(SEED)
+    base = next(s.stream(s.Shape(s.flat, s.no_fault), SEED, days=0.01))
+    assert replay.plain(base)  # what bench/streams.py and the export write
+    values: list[object] = [None, True, 0, 1, -1, 0.0, -0.0, 0.5, 1.0, 2.0, -1.5, float("nan")]
+    values += [float("inf"), "", "p", 2**70, [], {}]
+    for _ in range(3000):
+        document = dict(base)
+        for key in rng.sample([*base, "cpu", "cv", "restart", "time_s"], rng.randint(1, 3)):
+            if rng.random() < 0.2:
+                document.pop(key, None)
+            else:
+                document[key] = rng.choice(values)
+        if not replay.plain(document):
+            continue
+        parsed = replay.parse_result(document, "result")  # never refused
+        given = {k: v for k, v in document.items() if k in replay.StreamResult.model_fields}
+        assert {k: getattr(parsed, k) for k in given} == given, document
+        assert all(type(getattr(parsed, k)) is type(v) for k, v in given.items()), document

@@ -39,8 +39,15 @@ class BaselineBook:
     """Per-key baselines and verdicts. observe() may run in one thread while verdicts() snapshots
     in another (a scrape)."""
 
-    def __init__(self, policy: BaselinePolicy) -> None:
+    def __init__(
+        self,
+        policy: BaselinePolicy,
+        expect: Callable[[BaselineKey], float | None] | None = None,
+    ) -> None:
         self.policy = policy
+        # The level a series of this key is expected at before it has learned its own (a
+        # site's `expect:` or the shipped table of published figures; bytes/s), or None.
+        self.expect = expect or (lambda _key: None)
         self._tracks: dict[BaselineKey, Track] = {}
         self._verdicts: dict[BaselineKey, Verdict] = {}
         self._lock = threading.Lock()
@@ -71,7 +78,9 @@ class BaselineBook:
             # state file, which holds finite numbers only).
             cv = float(cv) if math.isfinite(cv) and cv >= 0 else 0.0
             when = time.time() if at is None else at
-            verdict = rule.step(track, self.policy, key[2], float(busbw), cv, foreign_cpu, when)
+            verdict = rule.step(
+                track, self.policy, key[2], float(busbw), cv, foreign_cpu, when, self.expect(key)
+            )
             self._verdicts[key] = verdict
             return verdict
 

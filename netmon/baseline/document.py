@@ -86,6 +86,11 @@ class _Entry(_Strict):
     degraded_since: float | None = Field(None, allow_inf_nan=False)
     since: int = Field(0, ge=0)
     below: int = Field(0, ge=0)
+    # Later in version 3 (absent in older files: a fault not yet held, no rate known yet).
+    held: bool = False
+    seed: Positive | None = None  # the level a young series' first results showed (a cut found)
+    rate_bad: NonNegative = 0.0
+    rate_count: NonNegative = 0.0
 
 
 class _Document(_Strict):
@@ -124,6 +129,10 @@ def dump(tracks: Mapping[Key, Track], identity: Mapping[str, tuple[str, ...]]) -
             degraded_since=track.degraded_since,
             since=track.since,
             below=track.below,
+            held=track.held,
+            seed=track.seed,
+            rate_bad=track.rate_bad,
+            rate_count=track.rate_count,
         ).model_dump(mode="json")
         for key, track in sorted(tracks.items(), key=lambda item: item[0])
     ]
@@ -179,9 +188,12 @@ def _tracks(
             track.reference = Reference.seeded(robust.median(track.learned), time.time())
         track.accepted = entry.accepted
         track.below = entry.below
+        track.rate_bad, track.rate_count = min(entry.rate_bad, entry.rate_count), entry.rate_count
         if entry.trend is not None:
             track.trend = entry.trend.hours()
-        if track.baseline(policy) is not None:
+        # A young series found cut keeps its seed, and so its verdict, however few it learned.
+        track.seed = entry.seed
+        if track.baseline(policy) is not None or track.seed is not None:
             track.recent.extend(entry.recent)
             # Version 1 kept no healthy flags (nor a level): a degraded series clears on new
             # healthy results only.
@@ -195,6 +207,7 @@ def _tracks(
                 track.degraded_since = since if track.conditions else None
                 # Version 2 did not count: its degraded series count from the restart.
                 track.since = entry.since
+                track.held = entry.held
         # else: a larger min_samples sends the key back to learning, with no verdict.
         yield key, track
 

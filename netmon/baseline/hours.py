@@ -34,7 +34,7 @@ class Hours:
         hour = int(at // HOUR_S)
         completed = False
         if self.hour is not None and hour > self.hour and self.sample:
-            self.done.append((self.hour, robust.median(self.sample)))
+            self.done.append((self.hour, robust.midmean(self.sample)))
             if keep is not None:
                 del self.done[:-keep]
             self.sample, self.stride, self.skipped = [], 1, 0
@@ -56,12 +56,17 @@ class Hours:
 
     def medians(self) -> list[float]:
         """Every completed hour's median, and the hour under way's."""
-        current = [robust.median(self.sample)] if self.sample else []
+        current = [robust.midmean(self.sample)] if self.sample else []
         return [m for _, m in self.done] + current
 
     def span(self) -> int:
         """Hours from the first completed one to the last, both counted."""
         return self.done[-1][0] - self.done[0][0] + 1 if self.done else 0
+
+    def span_of(self, last: int) -> int:
+        """Hours from the first to the last of the newest `last` completed hours, both counted."""
+        newest = self.done[-last:]
+        return newest[-1][0] - newest[0][0] + 1 if newest else 0
 
     def slope(self, within: int) -> float | None:
         """The least-squares slope of the completed hours' medians of the last `within` hours,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from netmon.bandwidth import parse_size
+from netmon.bandwidth import MAX_PROBE_SIZE, bounded_size
 from netmon.schema import SIZE_TEXT, also
 
 
@@ -16,6 +16,10 @@ class BaselinePolicy(BaseModel):
 
     window: int = Field(default=20, ge=1)  # K: the baseline is the median of the last K learned
     min_samples: int = Field(default=5, ge=1)  # healthy results needed before any verdict
+    # Once a series has a baseline, a result within the band is learned only after this many
+    # results more have come and the series is still healthy: the first results of a cut
+    # must not be learned before the verdict turns on them.
+    learn_delay: int = Field(default=20, ge=0)
     ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)  # R: low below R x expected
     # The low line is never under floor x expected: a spread so wide that only a near-zero result
     # would count as low is reported (netmon_judged_at_floor) and judged at the floor instead.
@@ -30,10 +34,14 @@ class BaselinePolicy(BaseModel):
     # k: a low result is also more than k robust spreads (1.4826 x MAD) under the expected level.
     spread_k: float = Field(default=3.0, ge=0, allow_inf_nan=False)
     # Sizes under this are latency-bound: a fixed ratio on their busbw reads host jitter as a
-    # fault. They are judged with latency_ratio (latency over baseline / latency_ratio is low),
-    # or, with latency_ratio unset (the default), learned and shown but never judged.
-    latency_bound_below: int = Field(default=1 << 20, ge=0, json_schema_extra=also(SIZE_TEXT))
-    latency_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    # fault. They are judged with latency_ratio (latency over baseline / latency_ratio is low:
+    # 0.6, a rise of 1.67x), or with latency_ratio null learned and shown but never judged.
+    # A daemon on CPU ranks leaves it null unless it is set (for_ranks): gloo's latency is the
+    # host scheduler's (docs/SIGNAL.md, "Latency").
+    latency_bound_below: int = Field(
+        default=1 << 20, ge=0, le=MAX_PROBE_SIZE, json_schema_extra=also(SIZE_TEXT)
+    )
+    latency_ratio: float | None = Field(default=0.6, gt=0, le=1, allow_inf_nan=False)
     # The first results of each series after the daemon starts, after its rank zygote is
     # replaced and after a pause longer than twice its interval are neither learned nor judged:
     # a first run pays cold caches, a new rank zygote, a first CUDA context.
@@ -73,20 +81,45 @@ class BaselinePolicy(BaseModel):
     # less than `steady_slope` (relative) an hour. A slow decline is never accepted.
     steady_hours: int = Field(default=12, ge=3)
     steady_slope: float = Field(default=0.0025, ge=0, allow_inf_nan=False)
+    # A series whose every hour of the last `upgrade_hours` ran over its mature reference by
+    # more than the tolerance (over reference / ratio: a new driver or NCCL) takes the reference
+    # up there; by more than decline_margin only, it is stale (netmon_reference_stale).
+    upgrade_hours: int = Field(default=12, ge=3)
     # Flapping: at least `flap_trigger` of the last `flap_window` results low or noisy while
     # as many were healthy.
     flap_window: int = Field(default=20, ge=2)
     flap_trigger: int = Field(default=4, ge=2)
+    # ... and more where the series has its own share of bad results (a heavy tail: a noisy
+    # neighbour): as many that a healthy window holds that many with a chance under
+    # `flap_alpha` (a binomial tail at the series' rate of bad results over about
+    # `flap_rate_results` results, while healthy; a new series starts from `flap_base_rate`
+    # weighted as `flap_prior` results). 1e-7 a window: about 0.05 false turns a series-year
+    # at one result a minute (docs/SIGNAL.md, "The false-alarm budget").
+    flap_alpha: float = Field(default=1e-7, gt=0, lt=1, allow_inf_nan=False)
+    flap_rate_results: int = Field(default=1440, ge=10)
+    flap_base_rate: float = Field(default=0.01, gt=0, lt=0.5, allow_inf_nan=False)
+    flap_prior: int = Field(default=100, ge=1)
 
     @field_validator("latency_bound_below", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
-        return parse_size(value) if isinstance(value, str) else value
+        if isinstance(value, str):
+            return bounded_size(value, MAX_PROBE_SIZE, "a probe moves")
+        return value
 
     def latency_bound(self, size_bytes: int) -> bool:
         # The measured size can be a few bytes under the configured one (whole elements per
         # rank: a 1M all_gather on 3 ranks moves 1048572 B); 1 % keeps it on its side.
         return size_bytes * 1.01 < self.latency_bound_below
+
+    def for_ranks(self, backend: str | None) -> BaselinePolicy:
+        """The policy a daemon judges with on `backend`'s ranks. On CPU ranks (gloo) a
+        latency-bound size is shown, not judged, unless latency_ratio is set in the config: its
+        time is how soon the host wakes a rank, which spreads 3-19x between a busy host's 5th
+        and 95th percentiles (docs/SIGNAL.md, "Latency"); on GPUs it is the link's and NCCL's."""
+        if backend == "nccl" or "latency_ratio" in self.model_fields_set:
+            return self
+        return self.model_copy(update={"latency_ratio": None})
 
     def judges(self, size_bytes: int) -> bool:
         return not self.latency_bound(size_bytes) or self.latency_ratio is not None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from netmon.baseline import robust
 from netmon.baseline.hours import HOUR_S, Hours
+from netmon.baseline.memo import keyed_on
 
 # The hours a mature reference keeps to see how far the series wanders: a week, every phase
 # of a weekly cycle; and how many it needs before it reads them.
@@ -60,6 +61,13 @@ class Reference:
             self.spread = robust.spread(medians)
             self.low = min(self.level, robust.quantile(medians, 0.1))
 
+    def raise_to(self, level: float, low: float) -> None:
+        """A mature reference taken up to a level the series has held for hours (an upgrade);
+        never down: only an operator's rebaseline or new hardware moves it down."""
+        if self.level is not None and level > self.level:
+            self.level, self.low = level, max(self.low or low, min(low, level))
+
+    @keyed_on("hours.done", "spread")  # read twice per result; the hours complete hourly
     def wander(self) -> float:
         """How far the series' hours wander from their centre (a standard deviation), once
         mature: the day's spread, or where the hours since show more, the upper tail's (a slow

@@ -16,12 +16,21 @@ Pure logic: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 from netmon.baseline import robust
 from netmon.baseline.lines import Lines
 from netmon.baseline.policy import BaselinePolicy
-from netmon.baseline.track import BAD, BETWEEN, HEALTHY, LOW, NOISY, Track, usable
+from netmon.baseline.track import (
+    BETWEEN,
+    HEALTHY,
+    LOW,
+    NOISY,
+    YOUNG_AFTER,
+    YOUNG_BEFORE,
+    Track,
+    bad_count,
+    usable,
+)
 from netmon.baseline.verdict import Verdict
 
 # Why a result was neither judged nor learned (netmon_inconclusive_results_total's reasons).
@@ -38,18 +47,27 @@ def step(
     cv: float,
     foreign_cpu: float | None,
     at: float,
+    expect: float | None = None,
 ) -> Verdict:
-    """One result of the track's series: inconclusive, learned, shown, or judged."""
+    """One result of the track's series: inconclusive, learned, shown, or judged. `expect` is
+    the busbw a healthy series of this key reaches at least (expect:, the shipped table)."""
     is_usable = usable(busbw)
     track.seen += 1
-    baseline, expected = track.baseline(policy), track.expected(policy)
-    ratio = busbw / expected if expected is not None and is_usable else None
+    track.outside = expect / policy.ratio_for(size) if expect and policy.judges(size) else None
+    baseline = track.baseline(policy)
     was = track.degraded
     reason = inconclusive(track, policy, cv, foreign_cpu, is_usable)
+    if reason == "settling" and is_usable and not track.learned and track.seed is None:
+        track.settled.append(busbw)
+    # The level expected before this result, for the ratio of one inconclusive or only shown
+    # (a judged result's is to its lines, drawn once it is in the recent level): the daemon's
+    # costliest figure, not taken where it is not reported.
+    expected = track.expected(policy) if reason or not policy.judges(size) else None
+    ratio = busbw / expected if expected is not None and is_usable else None
     if reason is not None:
         if reason == "noisy" and baseline is not None and policy.judges(size):
             # Evidence of an intermittent fault, though not a figure to judge a level by.
-            track.flaps.append(NOISY)
+            track.count_flag(NOISY, policy)
             conditions = set(track.conditions)
             level, lines = track.recent_level(policy), track.lines(policy, size)
             _flapping(track, policy, conditions, bool(level and lines and level >= lines.clear))
@@ -62,21 +80,23 @@ def step(
     track.long.append(busbw if is_usable else 0.0)
     if is_usable:
         track.trend.add(busbw, at, keep=policy.steady_hours)
-    if baseline is None:
+    expected = track.expected(policy)  # the level appended above does not move it
+    if expected is None:
         # Learning: nothing to compare with, so no low flags and no verdict yet.
         if is_usable:
             track.learn(busbw, cv, at, policy)
+            track.saw_young(busbw)
+            _check_young(track, policy, size, at)
         formed = track.expected(policy)
         return track.verdict(policy, size, busbw / formed if formed and is_usable else None)
-    lines = track.lines(policy, size)
-    assert lines is not None  # a baseline exists
+    lines = track.lines_at(policy, size, expected)
     if policy.judges(size):
         # Reported against the baseline it was judged by, not the one it may have moved.
-        return replace(judge(track, policy, size, busbw, cv, lines, at), baseline=baseline)
+        return judge(track, policy, size, busbw, cv, lines, at, baseline)
     track.set_conditions(set(), at)  # a verdict from a policy that judged this size
     if is_usable:  # shown, never paged on: the plain median of its recent results
         track.learn(busbw, cv, at, policy)
-    return replace(track.verdict(policy, size, ratio, lines), baseline=baseline)
+    return track.verdict(policy, size, ratio, lines, baseline)
 
 
 def inconclusive(
@@ -107,39 +127,56 @@ def judge(
     cv: float,
     lines: Lines,
     at: float,
+    baseline: float | None = None,
 ) -> Verdict:
     """One conclusive result of a judged size against its lines: count it, turn or hold the
-    verdict, then learn from it if it is healthy and the series is not degraded."""
+    verdict, then learn from it if it is healthy and the series is not degraded. The verdict
+    reports `baseline` (the one the result was judged by), or the track's."""
     is_usable = usable(busbw)
     low = not is_usable or busbw < lines.low
     healthy = is_usable and busbw >= lines.healthy
     track.recent.append(low)
     track.healthy.append(healthy)
     track.recent_values.append(busbw if is_usable else None)
-    track.flaps.append(LOW if low else HEALTHY if healthy else BETWEEN)
+    track.count_flag(LOW if low else HEALTHY if healthy else BETWEEN, policy)
     was = track.degraded
     _turn(track, policy, size, lines, at)
-    # A degraded link must never become the new normal: learn only healthy results on a series
-    # that is healthy now (the result that clears a degradation counts). A result between the
-    # low line and the healthy line may be the series' noise, not yet a fault, and is not
-    # learned either: a moderate cut hiding in a wide spread must not pull the baseline down.
-    # Nor while the recent level is well under the expected level: the top of a cut's spread would
-    # be learned, result by result, before the verdict turns (measured on a recording whose
-    # level ran 10-15 % higher in its second half: the baseline fell from 1.05x to 0.8x).
-    # Halfway between the drift line and the clearing line: higher, healthy noise would stop
-    # learning in its own low stretches and bias the baseline up.
+    # A degraded link must never become the new normal: learn only results within the band
+    # around the expected level (from the low line up, as far over it), on a series that is
+    # healthy now (the result that clears a degradation counts), and not while the recent
+    # level is well under the expected level: the top of a cut's spread would be learned,
+    # result by result, before the verdict turns (measured on a recording whose level ran
+    # 10-15 % higher in its second half: the baseline fell from 1.05x to 0.8x). Halfway
+    # between the drift line and the clearing line: higher, healthy noise would stop learning
+    # in its own low stretches and bias the baseline up.
     level = track.recent_level(policy)
     steady = level is None or level >= (lines.level + lines.clear) / 2
-    if healthy and not track.degraded and steady and _within_band(busbw, level, lines):
-        track.learn(busbw, cv, at, policy)
+    if track.young(policy):
+        # Young: learned at once, within the band and not low (the baseline is a mean of few
+        # results: a low one would pull it onto a cut, one from a long upper tail lift it over
+        # the series: a busy 2-core host at 1 MiB, one quiet 1.54 GB/s among 0.45s took it
+        # from 0.52 to 0.61 and the level line over the series' own median); and every usable
+        # one, low ones too, goes to the young check, which looks for a cut among them.
+        if is_usable:
+            track.saw_young(busbw)  # degraded or not: the check may still find the level before
+        if is_usable and not track.degraded and not low and _within_band(busbw, level, lines):
+            track.learn(busbw, cv, at, policy)
+        _check_young(track, policy, size, at)
+    elif not low and not track.degraded and _within_band(busbw, level, lines):
+        track.pending.append((busbw, cv, at))
+    _release(track, policy, steady)
+    stale = False
     if not track.degraded:
         track.raise_accepted(policy)
+        stale = track.follow_upgrade(policy, size)
     return track.verdict(
         policy,
         size,
         busbw / lines.expected if is_usable else None,
         lines,
+        baseline,
         changed=track.degraded != was,
+        reference_stale=stale,
     )
 
 
@@ -150,11 +187,12 @@ def _turn(track: Track, policy: BaselinePolicy, size: int, lines: Lines, at: flo
     level = track.recent_level(policy)
     if conditions:
         track.since += 1
+        _hold(track, policy, lines)
+    turn = None
     if not conditions & AGAINST_BASELINE:
-        if sum(track.recent) >= policy.trigger:
-            conditions.add("low")
-        elif level is not None and level < lines.level:
-            conditions.add("drift")
+        turn = _against_baseline(track, policy, size, level, lines)
+        if turn:
+            conditions.add(turn)
     elif sum(track.healthy) >= policy.trigger and _back(track, policy, lines.clear):
         conditions -= AGAINST_BASELINE
     _flapping(track, policy, conditions, level is not None and level >= lines.clear)
@@ -163,16 +201,63 @@ def _turn(track: Track, policy: BaselinePolicy, size: int, lines: Lines, at: flo
     # reference's tolerance, no flapping. Held for accept_after results, and steady over
     # hours, the loss is the series' new level (a healthy step down): the verdict cannot
     # stick on it for ever.
-    within = within and level is not None and level >= lines.level
+    # A series whose first results showed a cut (its seed) never accepts a level under it.
+    seeded = track.seed is None or (
+        level is not None and level >= _young_ratio(policy, size) * track.seed
+    )
+    within = within and level is not None and level >= lines.level and seeded
     if conditions - {"flapping"} and "flapping" not in conditions and within:
         track.tolerated += 1
     else:
         track.tolerated = 0
     if track.tolerated >= policy.accept_after and track.steady(policy):
         conditions -= {*AGAINST_BASELINE, "decline"}
-        track.rebase(policy)
+        track.rebase(policy, size)
         track.tolerated = 0
+    was = track.degraded
     track.set_conditions(conditions, at)
+    if turn and not was:
+        track.held = _held_at_turn(policy, size, level, lines)
+
+
+def _against_baseline(
+    track: Track, policy: BaselinePolicy, size: int, level: float | None, lines: Lines
+) -> str | None:
+    """`low` when M of the last N results are low and the recent level is under its line too,
+    `drift` when only the level is; None otherwise. M low results alone do not turn the
+    verdict once the level is known: a heavy-tailed series (2 % of its results at 0.3-0.6x, a
+    noisy neighbour) has 3 of 5 low about once a week by chance, 5 of 9 (which the median
+    needs) about once in 5 years; a cut moves the level 2 results after it moves 3 of 5.
+    The level is under its line when its median is, or the mean of its results floored at
+    floor x the expected level: a median of a few results jumps from one level to the other
+    on a series with two (NCCL switching between two algorithms), and a cut on both shows
+    sooner where their mean falls; floored, so that a few outliers cannot pull the mean down
+    alone (with the floor at 0.7, 7 of 9 must be that low to take it under 0.8)."""
+    low = sum(track.recent) >= policy.trigger
+    if level is None:
+        return "low" if low else None
+    floored = track.floored_mean(policy.floor_for(size) * lines.expected)
+    if level < lines.level or floored < lines.level:
+        return "low" if low else "drift"
+    return None
+
+
+def _held_at_turn(policy: BaselinePolicy, size: int, level: float | None, lines: Lines) -> bool:
+    """Whether a new degradation holds from its turn: its recent level is over the floor, a
+    level a cut settles at (a 25 % cut reads 0.75x) and few outliers make (five of nine
+    results at 0.3-0.6x put the median under 0.7x). Only a turn at a level that deep may clear
+    as soon as its next results are back; a shallow one waits for a baseline window of them,
+    as a burst of fast results inside a held cut (the recorded stream runs 1.2-1.3x its median
+    for ten results: cut to 0.75x, 0.9x) must not clear it."""
+    return level is not None and level >= policy.floor_for(size) * lines.expected
+
+
+def _hold(track: Track, policy: BaselinePolicy, lines: Lines) -> None:
+    """The degradation has held once `of` results since the turn have their median under the
+    clearing line: from then on it clears only on a baseline window of results back."""
+    since = track.since_level(policy, policy.of)
+    if since is not None and since < lines.clear:
+        track.held = True
 
 
 def _flapping(track: Track, policy: BaselinePolicy, conditions: set[str], level_ok: bool) -> None:
@@ -184,19 +269,33 @@ def _flapping(track: Track, policy: BaselinePolicy, conditions: set[str], level_
     `drift` judge those. Over when at most one was bad, none was healthy, or the recent level
     is under its clearing line (a fault that holds: `low` and `drift` name it better)."""
     flags = list(track.flaps)
-    bad = sum(f in BAD for f in flags)
-    good = sum(f == HEALTHY for f in flags)
+    bad = bad_count(flags)
+    good = flags.count(HEALTHY)
     if "flapping" not in conditions:
         half, quarter = len(flags) // 2, max(len(flags) // 4, 1)
-        older = sum(f in BAD for f in flags[:half])
+        older = bad_count(flags[:half])
         spread_out = min(older, bad - older) >= policy.flap_trigger / 2
         lows = flags.count(LOW) >= policy.flap_trigger / 2
         ongoing = LOW in flags[-quarter:]
-        counts = bad >= policy.flap_trigger and good >= policy.flap_trigger
+        counts = bad >= _bad_needed(track, policy) and good >= policy.flap_trigger
         if counts and lows and spread_out and ongoing and level_ok:
             conditions.add("flapping")
-    elif bad <= 1 or good == 0 or not level_ok:
+    elif bad <= 1 or good == 0:
         conditions.discard("flapping")
+    elif not level_ok:
+        # The level fell under the clearing line: a fault that holds, which `drift` names
+        # (and clears as it does); never a gap of healthy results between the two.
+        conditions.discard("flapping")
+        conditions.add("drift")
+
+
+def _bad_needed(track: Track, policy: BaselinePolicy) -> int:
+    """How many bad results of a full flapping window are flapping on this series: at least
+    flap_trigger, and so many that its own rate of bad results makes them that unlikely."""
+    return max(
+        policy.flap_trigger,
+        robust.binomial_needed(policy.flap_window, track.bad_rate(policy), policy.flap_alpha),
+    )
 
 
 def _back(track: Track, policy: BaselinePolicy, line: float) -> bool:
@@ -230,12 +329,93 @@ def _decline(
     return level >= lines.tolerance + noise
 
 
+def _check_young(track: Track, policy: BaselinePolicy, size: int, at: float) -> None:
+    """While the series is young, look for a cut among its results (a changepoint: the
+    results after some point under ratio x those before, each side's centre the mean of its
+    middle half) and under its settling results; found, the level before is the series' seed
+    and what came after is forgotten, so the cut is judged as one, never learned as normal:
+    the series turns degraded (reason low) and holds until its results are back."""
+    if not track.young(policy) or not policy.judges(size):
+        return
+    if policy.window < YOUNG_BEFORE + YOUNG_AFTER:
+        return  # a young phase shorter than the check's segments: no check (not by default)
+    # _young_ratio: a quarter of the way from the tolerance back to the level before, which is
+    # known from 2 or 3 results only (a 25 % cut must not hide in their noise); and no result
+    # of what follows may reach the lowest of them, which a healthy series' results do.
+    # The settling results count as results before a cut (a cold run is slower, never faster),
+    # so a cut at the first usable results is found against them and those before it.
+    ratio, values = _young_ratio(policy, size), [*track.settled, *track.young_seen]
+    first = min(len(track.settled), YOUNG_BEFORE) if track.settled else YOUNG_BEFORE
+    found = _changepoint(values, ratio, first)
+    if found is not None:
+        _, track.seed = found
+        track.keep_first(0)  # judged against the seed alone until results are back at it
+        track.young_seen.clear()
+        track.pending.clear()
+        track.settled.clear()
+        # Degraded at once, and held: it clears only on results back at the level before.
+        track.set_conditions(track.conditions | {"low"}, at)
+        track.held = True
+
+
+def _young_ratio(policy: BaselinePolicy, size: int) -> float:
+    return (1 + 3 * policy.ratio_for(size)) / 4
+
+
+def _changepoint(values: list[float], ratio: float, first: int) -> tuple[int, float] | None:
+    """(where, the level before) of the first cut in `values` after at least `first` of them,
+    or None."""
+    for split in range(first, len(values) - YOUNG_AFTER + 1):
+        if _cut(values[:split], values[split:], ratio):
+            return split, robust.midmean(values[:split])
+    return None
+
+
+def _cut(before: list[float], after: list[float], ratio: float) -> bool:
+    """Whether `after` is a cut from `before`: its centre (the mean of its middle half) under
+    ratio x theirs, and not one of its results as high as the lowest of them. A series with
+    two levels (NCCL switching between two algorithms) can have a stretch of the lower one
+    after a few of the upper one; after a cut, no result comes back to the level before."""
+    if len(after) < YOUNG_AFTER:
+        return False
+    below, above = robust.midmean(after), robust.midmean(before)
+    # And beyond the noise of two small samples (4 standard errors of the difference, the
+    # spread read from what follows): at 10 % noise, two settling results 1.8 sd high by chance
+    # put 0.85x of them over a healthy level, and a healthy series was found cut (held so for
+    # good: it never comes back to a level it never had). A 25 % cut under 5 % noise clears
+    # this by 0.1.
+    noise = 4 * robust.spread(after) * math.sqrt(1 / len(before) + 1 / len(after))
+    beyond = below < ratio * above and above - below > noise
+    # Nor within halfway from `ratio` back up to the level before: two settling results on a
+    # two-level series' upper level, then its lower one, put every result after under the
+    # lowest of them, though the upper level keeps coming back (at 0.96x of them, say).
+    return beyond and max(after) < min(min(before), (1 + ratio) / 2 * above)
+
+
+def _release(track: Track, policy: BaselinePolicy, steady: bool) -> None:
+    """Learn the results that waited learn_delay results, while the series is healthy and
+    steady; none of them once it turned degraded. A result vouches for the link only once the
+    results after it agree: the first results of a cut are within the band of a series with
+    a wide spread (two levels, a heavy tail) and, learned at once, would pull its baseline down
+    onto the cut before the verdict turns."""
+    if track.degraded:
+        track.pending.clear()
+        return
+    while len(track.pending) > policy.learn_delay:
+        busbw, cv, at = track.pending.popleft()
+        if steady:
+            track.learn(busbw, cv, at, policy)
+
+
 def _within_band(busbw: float, level: float | None, lines: Lines) -> bool:
-    """Whether a healthy result is learned: as far over the expected level as the healthy line
-    is under it, or higher while the recent level is over the expected level too (the series
-    runs higher: a repair, a faster path). Results under the healthy line are never learned, so
-    learning every result over it would raise the baseline on a wide spread with a long upper
-    tail (a busy 2-core host at 1 MiB: quiet results of 0.32-1.5 GB/s around 0.45, the baseline
-    climbed to 0.57 and the low line over a third of healthy results: bench/noise_bench.py)."""
-    ceiling = 2 * lines.expected - lines.healthy
-    return busbw <= ceiling or level is None or level >= lines.expected
+    """Whether a result that is not low is learned: as far over the expected level as the low
+    line is under it, or anything while the recent level itself runs over that (the series
+    runs higher: a repair, a faster path, a new driver). The band is symmetric so that what is
+    learned is centred on the series, whatever its shape: a ceiling nearer than the low line
+    would drop the upper of two levels (NCCL switching algorithms: 1.0x and 0.8x), a floor
+    nearer (the healthy line) the lower one, and either pulls the baseline onto one level, whose
+    lines the other then sits on; no ceiling would raise the baseline on a long upper tail (a
+    busy 2-core host at 1 MiB: quiet results of 0.32-1.5 GB/s around 0.45: bench/noise_bench.py).
+    """
+    ceiling = 2 * lines.expected - lines.low
+    return busbw <= ceiling or (level is not None and level >= ceiling)

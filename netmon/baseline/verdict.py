@@ -58,6 +58,12 @@ class Verdict:
     flaps: int = field(default=0, compare=False)
     degraded_since: float | None = field(default=None, compare=False)
     episodes: int = field(default=0, compare=False)
+    # The series has run steadily above its reference for hours (an upgrade: a new driver or
+    # NCCL), further than the reference moves by itself: `netmon rebaseline` would take it up.
+    reference_stale: bool = field(default=False, compare=False)
+    # The series has a baseline but fewer than a window of results, checked for a cut among
+    # them (docs/SIGNAL.md, "A young series").
+    young: bool = field(default=False, compare=False)
 
     def explain(self) -> str:
         """One line for the log and the runbook: the rule, the levels, the spread, the values."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -21,6 +23,10 @@ from netmon.errors import UsageError
 
 if TYPE_CHECKING:
     from netmon.serve.replay import Replayed
+
+
+# json.dumps(..., allow_nan=False), its encoder made once rather than for every line.
+_encode = json.JSONEncoder(allow_nan=False).encode
 
 
 def add_parser(commands: Any) -> None:
@@ -51,29 +57,144 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     schedules = {p.name: (p.interval, p.effective_jitter) for p in config.probes or ()}
     if args.config is None:
         schedules = {}  # the embedded default's probes are not the stream's
-    results = read_stream(args.stream)
     summary = Summary()
     out = sys.stdout
-    for replayed in replay.replay(results, config.baseline, schedules):
-        if args.json:
-            out.write(json.dumps(replayed.record(), allow_nan=False) + "\n")
-        else:
-            summary.add(replayed)
+    with read_stream(args.stream) as stream:
+        for replayed in replay.replay(stream, config.baseline, schedules, stream.intervals):
+            if args.json:
+                out.write(_encode(replayed.record()) + "\n")
+            else:
+                summary.add(replayed)
     if not args.json:
         summary.print(out)
     return EXIT_OK
 
 
-def read_stream(name: str) -> list[Any]:
-    """The stream's results, in input order; UsageError naming the line and field. A line (or
+class Stream:
+    """A stream's results in replay order, and each probe's interval as the whole stream shows
+    it. JSON lines are read from the file again, one result at a time, on every iteration: a
+    month of results is never held in memory. A Prometheus answer is held whole: its results
+    must be put in time order first."""
+
+    def __init__(
+        self, name: str, file: IO[str], results: list[Any] | None, intervals: dict[str, float]
+    ) -> None:
+        self.name, self._file, self._results, self.intervals = name, file, results, intervals
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._results is not None:
+            yield from self._results
+            return
+        self._file.seek(0)
+        try:
+            yield from _results(self.name, self._file)
+        except (OSError, UnicodeDecodeError) as exc:  # the file changed since it was checked
+            raise UsageError(f"STREAM {self.name}: cannot read it ({exc})") from None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._file.close()
+
+
+def read_stream(name: str) -> Stream:
+    """The stream's results, in input order; UsageError naming the line and field. Every result
+    is checked before the first is replayed, so an error comes before any output. A line (or
     the whole file) that is a Prometheus query_range answer gives its results; those are put
     in time order, as chunks of a long range appended one after another would not be."""
     from netmon.serve import replay
 
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        file = _open(name)
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"STREAM {name}: cannot read it ({exc})") from None
+    try:
+        try:
+            intervals = replay.intervals_of(_checked(name, file))
+        except _Whole:
+            return _whole(name, file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"STREAM {name}: cannot read it ({exc})") from None
+    except BaseException:
+        file.close()
+        raise
+    return Stream(name, file, None, intervals)
+
+
+def _open(name: str) -> IO[str]:
+    """The stream's file; stdin is copied to a temporary file first, to be read twice."""
+    if name != "-":
+        return open(name)
+    spool = tempfile.TemporaryFile("w+")  # noqa: SIM115 - the Stream closes it
+    try:
+        shutil.copyfileobj(sys.stdin, spool)
+        spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
+
+
+class _Whole(Exception):
+    """The stream holds a Prometheus answer, or is not JSON lines: it is read whole."""
+
+
+def _checked(name: str, file: IO[str]) -> Iterator[Any]:
+    """Every result of a stream of JSON lines, validated (of a plain one, only its probe and
+    time: all the intervals need); _Whole where it turns out to hold a Prometheus answer (on a
+    line, or pretty-printed over many: its first line is not JSON). As when the file was read
+    whole, a line that is not JSON is named before a wrong result."""
+    from netmon.serve import promstream, replay
+
+    wrong: str | None = None
+    seen = 0
+    try:
+        for where, document in _lines(name, _split(file)):
+            if promstream.is_query_range(document):
+                raise _Whole
+            seen += 1
+            if isinstance(document, dict) and replay.plain(document):
+                yield replay.Seen(document["probe"], document["t"])  # read again to replay
+                continue
+            try:
+                yield replay.parse_result(document, where)
+            except ValueError as exc:
+                wrong = wrong or str(exc)
+    except UsageError:
+        if seen == 0:  # the first line is not JSON: the file may be one document
+            raise _Whole from None
+        raise
+    if wrong is not None:
+        raise UsageError(wrong)
+    if seen == 0:
+        raise UsageError(f"STREAM {name}: no results in it")
+
+
+def _results(name: str, file: IO[str]) -> Iterator[Any]:
+    """The results of a stream of JSON lines that _checked() has passed."""
+    from netmon.serve import replay
+
+    for where, document in _lines(name, _split(file)):
+        yield replay.parse_result(document, where)
+
+
+def _split(file: IO[str]) -> Iterator[str]:
+    """The file's lines as str.splitlines() numbers them (it breaks at a form feed, U+2028
+    and a few more besides a newline), so a line is named as when the file was read whole."""
+    for physical in file:
+        yield from physical.splitlines()
+
+
+def _whole(name: str, file: IO[str]) -> Stream:
+    """The stream read whole, as one document or lines of them (Prometheus answers)."""
+    from netmon.serve import replay
+
+    file.seek(0)
+    text = file.read()
+    file.close()
     documents, from_prometheus = _documents(name, text)
     try:
         results = [replay.parse_result(document, where) for where, document in documents]
@@ -81,7 +202,8 @@ def read_stream(name: str) -> list[Any]:
         raise UsageError(str(exc)) from None
     if not results:
         raise UsageError(f"STREAM {name}: no results in it")
-    return sorted(results, key=lambda r: r.t) if from_prometheus else results
+    ordered = sorted(results, key=lambda r: r.t) if from_prometheus else results
+    return Stream(name, file, ordered, replay.intervals_of(ordered))
 
 
 def _documents(name: str, text: str) -> tuple[list[tuple[str, object]], bool]:
@@ -92,7 +214,10 @@ def _documents(name: str, text: str) -> tuple[list[tuple[str, object]], bool]:
         whole = json.loads(text)  # one answer, maybe pretty-printed over many lines
     except json.JSONDecodeError:
         whole = None
-    lines = [(name, whole)] if promstream.is_query_range(whole) else list(_lines(name, text))
+    if promstream.is_query_range(whole):
+        lines = [(name, whole)]
+    else:
+        lines = list(_lines(name, text.splitlines()))
     documents: list[tuple[str, object]] = []
     from_prometheus = False
     for where, document in lines:
@@ -111,8 +236,8 @@ def _documents(name: str, text: str) -> tuple[list[tuple[str, object]], bool]:
     return documents, from_prometheus
 
 
-def _lines(name: str, text: str) -> Iterator[tuple[str, object]]:
-    for number, line in enumerate(text.splitlines(), 1):
+def _lines(name: str, lines: Iterable[str]) -> Iterator[tuple[str, object]]:
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -142,7 +267,8 @@ class Summary:
         verdict = replayed.verdict
         was = row.last is not None and row.last.verdict.degraded
         row.results += 1
-        row.judged += replayed.state in ("healthy", "degraded") and not verdict.inconclusive
+        judged = replayed.state in ("healthy", "young", "degraded")
+        row.judged += judged and not verdict.inconclusive
         row.degraded += verdict.degraded
         row.episodes += verdict.degraded and not was
         if verdict.degraded and verdict.reason:

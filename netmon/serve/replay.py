@@ -13,16 +13,17 @@ or a Prometheus query_range answer for netmon_busbw_bytes_per_second (netmon.ser
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from netmon import baseline
+from netmon import bandwidth, baseline
 from netmon.errors import describe_validation_error
 from netmon.serve.pausing import after_pause
 
@@ -41,10 +42,22 @@ class StreamResult(BaseModel):
     size: int = Field(ge=0)
     ranks: int = Field(ge=0)
     path: str = Field(min_length=1)
+    # One of the two: the busbw (bytes/s), or the seconds per op (a latency-bound size is
+    # often exported and read as a time), which the busbw is computed from as nccl-tests does.
     busbw: Finite = Field(ge=0)
+    time_s: Finite | None = Field(None, gt=0)
     cpu: Finite | None = Field(None, ge=0, le=1)
     cv: Finite = Field(0.0, ge=0)
     restart: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _busbw_from_time(cls, data: object) -> object:
+        if not isinstance(data, dict) or data.get("time_s") is None:
+            return data
+        if data.get("busbw") is not None:
+            raise ValueError("give busbw or time_s, not both")
+        return {**data, "busbw": _busbw_of(data)}
 
     @property
     def key(self) -> baseline.BaselineKey:
@@ -53,6 +66,70 @@ class StreamResult(BaseModel):
     @property
     def series(self) -> str:
         return "/".join(map(str, self.key))
+
+
+def _busbw_of(data: dict[str, Any]) -> float:
+    """The busbw of a result given as seconds per op: algbw x nccl-tests' bus factor for a
+    known op (the plain algbw for another), so that it reads on the same scale as a result
+    given as busbw."""
+    seconds, size, ranks, op = (data.get(k) for k in ("time_s", "size", "ranks", "op"))
+    if type(seconds) not in (int, float) or not 0 < seconds < math.inf:  # type: ignore[operator]
+        raise ValueError(f"time_s must be a positive number of seconds per op, not {seconds!r}")
+    if type(size) is not int or type(ranks) is not int or size < 0:
+        raise ValueError("time_s needs size (bytes, >= 0) and ranks (an integer) beside it")
+    if op in bandwidth.OPS and ranks >= 1:  # type: ignore[operator]
+        return bandwidth.busbw(op, int(ranks), int(size), float(seconds))  # type: ignore[arg-type]
+    return bandwidth.algbw(int(size), float(seconds))  # type: ignore[arg-type]
+
+
+class Timed(Protocol):
+    """What intervals_of() reads of a result."""
+
+    @property
+    def probe(self) -> str: ...
+
+    @property
+    def t(self) -> float: ...
+
+
+class Seen(NamedTuple):
+    """A result's probe and time, where nothing more of it is read (a stream's first pass)."""
+
+    probe: str
+    t: float
+
+
+def plain(document: dict[str, Any]) -> bool:
+    """Whether StreamResult takes `document` as it is: every field of the JSON type a stream's
+    writer gives it and within its range, no time_s to turn into a busbw. A stream is read
+    twice (once to check it, once to replay it), and checking a result this way costs a
+    fraction of building a model; anything else is for parse_result(), its errors included."""
+    get = document.get
+    t, busbw, size, ranks = get("t"), get("busbw"), get("size"), get("ranks")
+    cpu, cv = get("cpu"), get("cv", 0.0)
+    return (
+        type(t) is float
+        and type(busbw) is float
+        and type(size) is int
+        and type(ranks) is int
+        and type(cv) is float
+        and (cpu is None or type(cpu) is float)
+        and math.isfinite(t)
+        and 0 <= busbw < math.inf
+        and size >= 0
+        and ranks >= 0
+        and 0 <= cv < math.inf
+        and (cpu is None or 0 <= cpu <= 1)
+        and _text(get("probe"))
+        and _text(get("op"))
+        and _text(get("path"))
+        and type(get("restart", False)) is bool
+        and "time_s" not in document
+    )
+
+
+def _text(value: object) -> bool:
+    return type(value) is str and value != ""
 
 
 def parse_result(document: object, where: str) -> StreamResult:
@@ -74,14 +151,17 @@ class Replayed:
 
     @property
     def state(self) -> str:
-        """degraded, inconclusive, learning, healthy; unjudged for a size that is only shown."""
+        """degraded, inconclusive, learning, young (a baseline, but fewer than a window of
+        results, checked for a cut among them), healthy; unjudged for a size only shown."""
         verdict = self.verdict
         if verdict.degraded:
             return "degraded"
         if verdict.inconclusive:
             return "inconclusive"
-        if verdict.baseline is None or (verdict.low_bound is None and verdict.judged):
+        if verdict.expected is None or (verdict.low_bound is None and verdict.judged):
             return "learning"
+        if verdict.young and verdict.judged:
+            return "young"
         return "healthy" if verdict.judged else "unjudged"
 
     def record(self) -> dict[str, Any]:
@@ -97,6 +177,7 @@ class Replayed:
             "reference": verdict.reference,
             "low_line": verdict.low_bound,
             "busbw": self.result.busbw,
+            "time_s": self.result.time_s,
             "ratio": verdict.ratio,
             "level": verdict.level,
             "long_level": verdict.long_level,
@@ -106,7 +187,7 @@ class Replayed:
         }
 
 
-def intervals_of(results: Iterable[StreamResult]) -> dict[str, float]:
+def intervals_of(results: Iterable[Timed]) -> dict[str, float]:
     """Each probe's interval as the stream shows it: the median gap between its runs (the
     results of one run share a time)."""
     runs: dict[str, list[float]] = {}
@@ -176,15 +257,20 @@ class Replayer:
 
 
 def replay(
-    results: list[StreamResult],
+    results: Iterable[StreamResult],
     policy: baseline.BaselinePolicy,
     schedules: Mapping[str, tuple[float, float]] | None = None,
+    intervals: Mapping[str, float] | None = None,
 ) -> Iterator[Replayed]:
     """Every result of `results` through a fresh Replayer, in input order. Probes without a
-    schedule get the interval the stream shows and a jitter of a tenth of it (the daemon's
-    default)."""
+    schedule get the interval the stream shows (`intervals`, its intervals_of(), when the
+    caller has read them already: `results` is then iterated once, and may be read as it is
+    replayed) and a jitter of a tenth of it (the daemon's default)."""
+    if intervals is None:
+        results = list(results)  # iterated twice: the intervals, then the replay
+        intervals = intervals_of(results)
     known = dict(schedules or {})
-    for probe, interval in intervals_of(results).items():
+    for probe, interval in intervals.items():
         known.setdefault(probe, (interval, round(interval * 0.1, 3)))
     with tempfile.TemporaryDirectory(prefix="netmon-replay-") as state_dir:
         replayer = Replayer(policy, known, Path(state_dir))

@@ -86,16 +86,14 @@ class SeriesRecord:
             jobs[key] for key in sorted(jobs)
         )
 
-    def restored(
-        self, probes: Collection[str], jobs: Mapping[SeriesKey, SeriesPoint]
-    ) -> tuple[VerdictPoint, ...]:
+    def restored(self, probes: Collection[str]) -> tuple[VerdictPoint, ...]:
         """Verdicts from the state file of series not measured since the start."""
         return tuple(
             verdict_point(key, verdict)
             for key, verdict in sorted(self._book.verdicts().items())
             # A probe a new configuration removed keeps its state (it may come back), but its
             # series are not exported: a degraded one would page forever. A shape of the jobs'
-            # traffic not seen since the start shows only while degraded (bounded: max_shapes).
-            if key not in self.points
-            and (key[0] in probes or (key[0] == JOBS and verdict.degraded and key not in jobs))
+            # traffic shows from its next window only: the book keeps its verdict, not who
+            # confirmed it, and a job's word alone is never a verdict (docs/INSPECTOR.md).
+            if key not in self.points and key[0] in probes and key[0] != JOBS
         )
