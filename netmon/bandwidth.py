@@ -43,6 +43,13 @@ _SIZE_RE = re.compile(SIZE_PATTERN)
 _RATE_RE = re.compile(RATE_PATTERN)
 # A rate without a suffix under this is refused: no interconnect gate means bytes/s that low.
 BARE_RATE_FLOOR = 1e6
+# The largest size a probe or a sweep pair moves, and the largest size threshold: 16 GiB. A rank
+# holds up to twice its size (buffer_budget) beside its CUDA context, so 16G already takes 32 GiB
+# of a GPU's (and, with gloo, of the host's) memory; nccl-tests' own sweeps end at 8G or 16G.
+# A larger size is a typo (1T for 1G) that would OOM-kill ranks or the node, not a measurement.
+MAX_PROBE_SIZE = 16 << 30
+# The largest memory amount a setting names (idle.max_memory_used): no GPU holds 1 TiB.
+MAX_MEMORY_SIZE = 1 << 40
 _DURATION_RE = re.compile(DURATION_PATTERN)
 
 
@@ -63,6 +70,14 @@ def parse_size(text: str | int) -> int:
     if value != int(value):
         raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)
+
+
+def bounded_size(text: str | int, bound: int, why: str) -> int:
+    """parse_size, refused above `bound` with a message that names the bound and `why`."""
+    size = parse_size(text)
+    if size > bound:
+        raise ValueError(f"{text!r} is more than {format_size(bound)}, the most {why}")
+    return size
 
 
 def parse_rate(text: str | float) -> float:

@@ -9,9 +9,8 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
-import yaml
-
-from netmon.errors import ConfigError
+from netmon import documents
+from netmon.errors import ConfigError, describe_yaml_error
 
 log = logging.getLogger("netmon.config")
 
@@ -29,7 +28,10 @@ def overrides(environ: Mapping[str, str]) -> list[tuple[list[str], Any]]:
             continue
         path = [part.lower() for part in key[len(PREFIX) :].split("__")]
         try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
+            value = documents.load(raw) if raw.strip() else raw
+        except documents.DuplicateKeyError as exc:
+            # Clearly meant as a mapping: taken as a string it would fail further on, less clearly.
+            raise ConfigError(f"{key}: {describe_yaml_error(exc)}") from None
         except Exception:  # not YAML (PyYAML also raises ValueError, KeyError...): the string
             value = raw
         overrides.append((path, value))

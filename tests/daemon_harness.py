@@ -120,7 +120,9 @@ class DaemonProcess:
         netns: str | None = None,
         hostname: str | None = None,
         env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
+        # `args` go after `serve --config FILE` (--web-config WEB, say).
         # In a network namespace the daemon runs under `ip netns exec`, and so do the scrapes;
         # with `hostname`, in a UTS namespace of its own under that name (a Slurm node's).
         self.netns = netns
@@ -144,6 +146,7 @@ class DaemonProcess:
                     "serve",
                     "--config",
                     str(self.config_path),
+                    *args,
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -29,6 +29,7 @@ from netmon.serve.results import Results
 from netmon.serve.runner import ProbeRunner
 from netmon.topology.model import Gpu, Topology
 from netmon.topology.parse import parse_topo_matrix
+from tests.conftest import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NUMA_WRAPPER = ["numactl", "--cpunodebind={numa}", "--membind={numa}"]
@@ -304,6 +305,39 @@ def test_pairs_of_a_gpu_another_probe_holds_are_skipped(tmp_path: Path) -> None:
     pairs = {tuple(sorted(given["devices"])) for given in RecordingLauncher.given}
     assert pairs == {("0", "1"), ("0", "2"), ("1", "2")}
     assert results.snapshot().pair_skips[("pairs", "devices_busy")] == 3
+
+
+def test_a_pair_waits_its_turn_behind_another_probe_of_ours_on_its_gpus(tmp_path: Path) -> None:
+    """A `gpus: idle` probe on the NVLink island 0-1 every few seconds took the two GPUs between
+    a sweep's survey and pair 0-1's claim every time: the pair was never measured. Its claim now
+    queues behind our own probe, and a probe that comes after it waits behind the pair."""
+    all_idle = idle.ReplaySource([[reading(i) for i in range(8)]])
+    runner, _ = runner_on(pairs_config(tmp_path), all_idle)
+    locks = runner.readiness.locks
+    held, release = threading.Event(), threading.Event()
+
+    def other_probe() -> None:
+        with locks.hold(frozenset({"0", "1"}), timeout=1) as got:
+            assert got
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=other_probe)
+    holder.start()
+    assert held.wait(10)
+    gates: list[Any] = []
+    claimer = threading.Thread(target=lambda: gates.append(_enter(runner, (0, 1))))
+    claimer.start()
+    wait_for(lambda: locks.waiting() == (frozenset({"0", "1"}),) or None, 10, "the pair queued")
+    release.set()
+    claimer.join(10)
+    holder.join(10)
+    assert len(gates) == 1 and gates[0].reason is None, gates
+
+
+def _enter(runner: ProbeRunner, pair: tuple[int, int]) -> Any:
+    with runner._gate_for(30.0)(pair) as gate:
+        return gate
 
 
 def test_a_collective_probe_ranks_get_their_gpu_and_numa_node(tmp_path: Path) -> None:

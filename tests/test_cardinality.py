@@ -103,9 +103,10 @@ def test_series_per_8_gpu_node_are_as_documented(setting: str, changes: dict[str
     assert count == documented(setting), (setting, count)
 
 
-def test_the_default_stays_under_500_series_per_8_gpu_node() -> None:
+def test_the_default_stays_under_600_series_per_8_gpu_node() -> None:
     # 399 before issue 33; its judged 64 MiB size every minute and the verdict's new families
     # (the long level, the reference's maturity, the decline bound, flapping, episodes, two
     # more reasons) took it to 452; issue 34's three skip reasons to 458, the SM clock of each
-    # measured series to 466 (docs/METRICS.md).
-    assert series_count(dgx_config()) < 500
+    # measured series to 466 (docs/METRICS.md); issue 45's latency judged on GPUs (4 sizes of
+    # `small`, 14 series more each) to 547.
+    assert series_count(dgx_config()) < 600

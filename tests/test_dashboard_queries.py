@@ -25,7 +25,7 @@ from netmon.serve.sweep_inbox import node_names
 from netmon.sweep.delivery.deliver import deliver
 from tests.conftest import wait_for
 from tests.daemon_harness import DaemonProcess, fast_config, secret_file
-from tests.inspector_files import Comm, prom_dump
+from tests.inspector_files import Comm, marked_root, prom_dump
 from tests.prometheus_harness import Prometheus
 from tests.test_sweep_inbox import SECRET, SECRET_TEXT, report
 
@@ -254,7 +254,7 @@ def test_every_dashboard_query_runs_against_a_real_daemon_and_prometheus(tmp_pat
     # A job's NCCL Inspector dumps, rewritten every second, for the "Jobs' own traffic" row:
     # one of its shapes is the "large" probe's (all_reduce 64 KiB on 2 ranks), for the yardstick.
     inspector = {
-        "dir": str(tmp_path / "inspector"),
+        "dir": str(marked_root(tmp_path / "inspector")),
         "interval": 1,
         "window": 1,
         "min_collectives": 1,

@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -439,7 +440,7 @@ def test_the_rdma_variant_adds_only_what_rdma_needs() -> None:
     (config_map,) = [d for d in built if d["kind"] == "ConfigMap"]
     config = parse_config(yaml.safe_load(config_map["data"]["netmon.yaml"]), "rdma ConfigMap")
     assert config.group is not None and config.group.transport == "ib"
-    assert config.listen_host == "0.0.0.0" and str(config.pause_file) == "/run/netmon/pause"
+    assert str(config.pause_file) == "/run/netmon/pause"
     assert str(config.state_dir) == "/var/lib/netmon"
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert config.group.secret_file is not None
@@ -451,6 +452,45 @@ def test_the_rdma_variant_adds_only_what_rdma_needs() -> None:
     assert {int(m.rpartition(":")[2]) for m in config.group.members} == {ports["group"]}
     assert ports["metrics"] == config.listen_port
     assert {p.scope for p in config.probes or ()} >= {"group_one_gpu", "node_pairs"}
+
+
+def test_the_rdma_variant_serves_metrics_on_the_node_address_behind_the_web_config() -> None:
+    """On the node's network /metrics is open to whoever reaches the node: the variant binds the
+    node's address (never a wildcard), and the pod cannot start without the web-config."""
+    built = rdma_variant()
+    (daemonset,) = [d for d in built if d["kind"] == "DaemonSet"]
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = [e["name"] for e in container["env"]]
+    values = {e["name"]: e for e in container["env"]}
+    assert values["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert values["NETMON_LISTEN"]["value"] == "$(HOST_IP):19464"
+    assert env.index("HOST_IP") < env.index("NETMON_LISTEN")
+    # The file alone (no variable) is loopback: nothing on a wildcard by accident.
+    (config_map,) = [d for d in built if d["kind"] == "ConfigMap"]
+    config = parse_config(yaml.safe_load(config_map["data"]["netmon.yaml"]), "rdma ConfigMap")
+    assert config.listen_host == "127.0.0.1"
+    # The variable, expanded for a node, is what netmon takes (an env value wins).
+    node = parse_config(
+        {**yaml.safe_load(config_map["data"]["netmon.yaml"]), "listen": "10.0.0.7:19464"}, "node"
+    )
+    assert (node.listen_host, node.listen_port) == ("10.0.0.7", 19464)
+    args = container["args"]
+    web_config = Path(args[args.index("--web-config") + 1])
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    mount = mounts[str(web_config.parent)]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "netmon-web"
+    assert not volume["secret"].get("optional"), "without the Secret the pod must not start"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    # The base is left as it was: a pod network, where the Service and NetworkPolicies apply.
+    (base,) = [d for d in kustomize(KUBERNETES) if d["kind"] == "DaemonSet"]
+    (plain,) = base["spec"]["template"]["spec"]["containers"]
+    assert "--web-config" not in plain["args"] and not base["spec"]["template"]["spec"].get(
+        "hostNetwork"
+    )
 
 
 def test_the_shipped_netmon_configurations_are_valid() -> None:
@@ -503,6 +543,73 @@ def test_the_image_checks_health_and_runs_as_a_user() -> None:
     assert rules[0] == "*", "the build context is an allow-list"
 
 
+LOCK = DEPLOY / "docker" / "requirements.lock"
+
+
+def _lock() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock as {name: (version, [sha256, ...])}, its continued lines joined."""
+    text = re.sub(r"\\\n\s*", " ", LOCK.read_text())
+    pins = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement, *hashes = line.split()
+            name, _, version = requirement.partition("==")
+            pins[name] = (version, [h.removeprefix("--hash=sha256:") for h in hashes])
+    return pins
+
+
+def test_the_image_base_is_pinned_by_digest() -> None:
+    (line,) = [x for x in (ROOT / "Dockerfile").read_text().splitlines() if "ARG CUDA_IMAGE" in x]
+    assert re.fullmatch(r"ARG CUDA_IMAGE=nvidia/cuda:[\w.-]+@sha256:[0-9a-f]{64}", line), line
+    # Every stage starts from it: no FROM of a tag.
+    froms = re.findall(r"^FROM (\S+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert froms == ["${CUDA_IMAGE}", "${CUDA_IMAGE}"]
+
+
+def test_pip_installs_the_hash_locked_file_and_nothing_unpinned() -> None:
+    """Every pip install but torch's takes the lock with --require-hashes, or takes netmon's own
+    source with --no-deps (nothing fetched); the build context lets the lock in."""
+    dockerfile = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    installs = [line for line in dockerfile.splitlines() if "pip install" in line]
+    assert len(installs) == 3, installs
+    torch, locked, own = installs
+    assert '"torch==${TORCH_VERSION}"' in torch
+    assert "--require-hashes" in locked and "-r /src/requirements.lock" in locked
+    assert "--no-deps" in own and "--no-build-isolation" in own and "pip check" in own
+    assert "COPY deploy/docker/requirements.lock /src/" in dockerfile
+    assert "!deploy/docker/requirements.lock" in (ROOT / ".dockerignore").read_text().split()
+
+
+def test_the_lock_pins_every_runtime_dependency_within_its_range_with_hashes() -> None:
+    from packaging.requirements import Requirement
+
+    pins = _lock()
+    assert pins, LOCK
+    for name, (version, hashes) in pins.items():
+        assert re.fullmatch(r"[a-z0-9-]+", name) and version, name
+        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    # The installed distribution's own list (pyproject.toml's dependencies), extras left out;
+    # setuptools builds netmon in the image.
+    runtime = [r for r in metadata.requires("netmon-gpu") or [] if "extra ==" not in r]
+    assert "setuptools" in pins
+    for text in runtime:
+        requirement = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        if name == "torch":  # pinned by version in the Dockerfile: see docs/DEPLOY.md
+            assert name not in pins
+            continue
+        assert name in pins, f"{name}: not in {LOCK.name}"
+        assert requirement.specifier.contains(pins[name][0]), (name, pins[name][0])
+    # Closed under dependencies, as the installed packages declare them on Linux (--require-hashes
+    # refuses a dependency the file does not pin; pip check in the build is the last word).
+    linux = {"sys_platform": "linux", "platform_system": "Linux", "python_version": "3.12"}
+    for name in pins:
+        for text in metadata.requires(name) or []:
+            needed = Requirement(text)
+            if needed.marker is None or needed.marker.evaluate({**linux, "extra": ""}):
+                assert re.sub(r"[-_.]+", "-", needed.name).lower() in pins, (name, text)
+
+
 def test_compose_files_pass_docker_compose_config() -> None:
     compose = tool("docker-compose", "apt-get install docker-compose")
     base = str(COMPOSE / "docker-compose.yaml")
@@ -538,6 +645,14 @@ def test_the_systemd_unit_verifies_and_is_sandboxed(tmp_path: Path) -> None:
     for setting in ("DynamicUser=yes", "ProtectSystem=strict", "StateDirectory=netmon"):
         assert f"\n{setting}\n" in unit, setting
     assert "\nRuntimeDirectory=netmon\n" in unit and "\nRuntimeDirectoryPreserve=yes\n" in unit
+    # ProtectClock's implied char-rtc entry closes the device policy before systemd 253: the
+    # GPU's devices are allowed outright, and device nodes a job leaves are refused by the kernel.
+    assert "\nProtectClock=yes\n" in unit
+    assert "\nDevicePolicy=closed\n" in unit and "\nDeviceAllow=char-nvidia* rw\n" in unit
+    # Memory and descriptors bounded (the member port's store, docs/SECURITY.md).
+    (memory,) = re.findall(r"^MemoryMax=(\d+)G$", unit, re.MULTILINE)
+    (files,) = re.findall(r"^LimitNOFILE=(\d+)$", unit, re.MULTILINE)
+    assert 1 <= int(memory) <= 32 and int(files) >= 4096
     # verify checks that ExecStart exists: point it at this venv's netmon.
     local = tmp_path / "netmon.service"
     local.write_text(unit.replace("/opt/netmon/bin/netmon", str(netmon)))
@@ -933,6 +1048,48 @@ def test_the_nhc_check_counts_every_series_at_one(metrics_server: Callable[[str]
     said = _check_netmon("bash", "-u", metrics_server(text)).stdout.strip()
     assert "check_netmon:  netmon_gpu_suspect{" in said and "gpu=5" in said, said
     assert said.endswith("} is 1 (and 1 more)"), said
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])
+def test_the_nhc_check_leaves_the_jobs_verdicts_out_unless_the_site_opts_in(
+    metrics_server: Callable[[str], str], shell: str
+) -> None:
+    # The jobs' own collectives (NCCL Inspector) say a node shape is degraded: their files are
+    # the jobs' own, so by default that never offlines the node (docs/INSPECTOR.md).
+    jobs = {"probe": "jobs", "op": "all_reduce", "size_bytes": "67108864", "path": "node"}
+    url = metrics_server(_exposition(netmon_degraded=jobs))
+    env = {**os.environ, "NETMON_NHC_JOBS": ""}
+
+    def said(*args: str, **extra: str) -> tuple[int, str]:
+        done = _check_netmon(shell, "-u", url, *args, env={**env, **extra})
+        return done.returncode, done.stdout.strip()
+
+    assert said() == (0, "check passed")
+    failed = (
+        1,
+        "Health check failed:  check_netmon:  netmon_degraded{op=all_reduce,path=node,"
+        "probe=jobs,size_bytes=67108864} is 1",
+    )
+    assert said("-j") == failed
+    assert said(NETMON_NHC_JOBS="1") == failed
+    # An idle probe that confirms the cut fails the node whatever the jobs say.
+    both = (
+        _exposition(
+            netmon_degraded={
+                "probe": "large",
+                "op": "all_reduce",
+                "size_bytes": "67108864",
+                "path": "default",
+            }
+        )
+        + 'netmon_degraded{op="all_reduce",path="node",probe="jobs",size_bytes="67108864"} 1.0\n'
+    )
+    done = _check_netmon(shell, "-u", metrics_server(both), env=env)
+    assert (done.returncode, done.stdout.strip()) == (
+        1,
+        "Health check failed:  check_netmon:  netmon_degraded{op=all_reduce,path=default,"
+        "probe=large,size_bytes=67108864} is 1",
+    )  # fmt: skip
 
 
 def _gate_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -44,6 +44,9 @@ from netmon.exposition.snapshot import (
     Snapshot,
     SweepView,
     VerdictPoint,
+    forget_verdict,
+    verdict_fields,
+    verdict_point,
 )
 from netmon.gpu import idle
 from netmon.gpu.linkhealth import (
@@ -287,6 +290,8 @@ def test_exposition_parses_back_with_one_type_per_family() -> None:
         "netmon_series_results",
         "netmon_reference_resets",
         "netmon_state_write_errors",
+        "netmon_state_errors",
+        "netmon_clock_steps",
         "netmon_degraded_episodes",
     }
     assert set(types) >= set(SERIES_FAMILIES)
@@ -432,6 +437,7 @@ FULL_SNAPSHOT = dataclasses.replace(
         covered=0.97,
         rejected={"symlink": 1},
         removed=1,
+        directories={"live": 2, "foreign": 1},
         read_at=T0 + 30,
         window_s=120.0,
         probe_ratios={("all_reduce", 64 * MIB, 8): 0.93},
@@ -640,13 +646,15 @@ def test_http_on_ipv6_loopback() -> None:
 # --- Results: hand-made probe outcomes in, snapshots, baselines and state out
 
 MIN_SAMPLES = 3
-# The M-of-N rule alone, on every size: no settling, no spread margin (tests/test_signal.py).
+# The M-of-N rule alone, on every size: no settling, no spread margin (tests/test_signal.py);
+# the recent level (which a turn needs beside M of N) as short as the M-of-N window.
 POLICY = {
     "window": 5,
     "min_samples": MIN_SAMPLES,
     "ratio": 0.8,
     "trigger": 2,
     "of": 3,
+    "level_window": 3,
     "settle": 0,
     "spread_k": 0,
     "latency_bound_below": 0,
@@ -864,6 +872,9 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     assert metric("netmon_busbw_baseline_bytes_per_second") == 10e9
     assert metric("netmon_busbw_baseline_ratio") == 1.0
     assert metric("netmon_degraded") == 0.0
+    # Young until a window (5) is learned: every result is learned then, for the young check.
+    for _ in range(int(POLICY["window"]) - MIN_SAMPLES):
+        assert not feed(10e9).degraded
 
     low = feed(5e9)  # 1 low of the last 3: not yet (trigger 2)
     assert (low.ratio, low.degraded) == (0.5, False)
@@ -873,9 +884,10 @@ def test_results_learn_a_baseline_then_degrade_and_recover(
     assert metric("netmon_degraded") == 1.0
     assert metric("netmon_busbw_baseline_bytes_per_second") == 10e9  # lows are not learned
 
-    # 2 good of the last 3 after two, but the results since the fault count once there is a
-    # baseline window of them (5 here): cleared by the fifth.
-    assert all(feed(10e9).degraded for _ in range(4))
+    # 2 good of the last 3 after two, but the results since the fault count once there are
+    # `of` of them (3 here): a fault whose next results were back at once (it never held)
+    # clears by the third.
+    assert all(feed(10e9).degraded for _ in range(2))
     assert not feed(10e9).degraded
     assert metric("netmon_degraded") == 0.0
 
@@ -940,6 +952,31 @@ def test_a_degraded_verdict_that_does_not_say_since_when_is_degraded_since_the_s
     point = dict(zip(SERIES_LABELS, old.labels(), strict=True))
     assert value(registry, "netmon_degraded_since_timestamp_seconds", **point) == T0
     assert value(registry, "netmon_degraded_episodes_total", **point) == 0.0
+
+
+def test_a_series_that_outgrew_its_reference_says_so_measured_restored_and_forgotten() -> None:
+    """netmon_reference_stale follows Verdict.reference_stale on a measured series and on one
+    restored from the state file, is 0 where the reference still fits, and a rebaseline
+    (forget_verdict) takes it back to 0 with the rest of the verdict."""
+    upgraded = baseline.Verdict(
+        12e9, 1.2, False, 20, 0, reference=10e9, reference_mature=True, reference_stale=True
+    )
+    fits = dataclasses.replace(upgraded, reference_stale=False)
+    measured = dataclasses.replace(LARGE, path="default", **verdict_fields(upgraded))
+    steady = dataclasses.replace(LARGE, path="nv4", **verdict_fields(fits))
+    forgotten = forget_verdict(dataclasses.replace(measured, path="pcie"))
+    restored = verdict_point(("large", "all_reduce", MIB, "nvls", 8), upgraded)
+    snapshot = Snapshot(series=(measured, steady, forgotten), restored=(restored,), started_at=T0)
+    registry = make_registry(lambda: snapshot)
+
+    def exported(name: str, point: SeriesPoint | VerdictPoint) -> float | None:
+        return value(registry, name, **dict(zip(SERIES_LABELS, point.labels(), strict=True)))
+
+    stale = [exported("netmon_reference_stale", p) for p in (measured, restored, steady)]
+    assert stale == [1.0, 1.0, 0.0]
+    # Beside netmon_reference_mature, on the same labels: a stale reference is a mature one.
+    assert exported("netmon_reference_mature", measured) == 1.0
+    assert exported("netmon_reference_stale", forgotten) == 0.0
 
 
 def test_a_textfile_snapshot_names_no_gpu_model() -> None:

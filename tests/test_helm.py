@@ -48,11 +48,15 @@ SWEEP: dict[str, Any] = {
 
 def rdma_values() -> dict[str, Any]:
     """The values that make the chart what deploy/kubernetes-rdma makes of the base."""
-    config = load_yaml(KUBERNETES_RDMA / "configmap.yaml")["data"]["netmon.yaml"]
+    config = yaml.safe_load(load_yaml(KUBERNETES_RDMA / "configmap.yaml")["data"]["netmon.yaml"])
+    # The chart sets listen (the node's address, as NETMON_LISTEN does there); the web-config is
+    # the Secret netmon-web's, with TLS.
+    del config["listen"]
     return {
         "rdma": {"enabled": True},
-        "config": yaml.safe_load(config),
+        "config": config,
         "nodeSelector": {"netmon/group": "rack-a"},
+        "webConfig": {"secretName": "netmon-web", "tls": True},
     }
 
 
@@ -367,14 +371,12 @@ def test_the_sweep_cronjob_runs_one_sweep_at_a_time_on_kubernetes() -> None:
     assert kube.daemon_labels.items() <= daemon_pod["metadata"]["labels"].items()
     sweep_labels = cron["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
     assert not kube.daemon_labels.items() <= sweep_labels.items()
-    # The sweep and every daemon read the same Secret at the path their configs name.
-    secret = Path(str(config.secret_file))
-    for spec, config_file in [(pod, document), (daemon_pod["spec"], netmon_yaml(objects))]:
-        volumes = {v["name"]: v for v in spec["volumes"]}
-        mounts = [m for c in spec["containers"] for m in c["volumeMounts"]]
-        (mount,) = [m for m in mounts if m["mountPath"] == str(secret.parent)]
-        assert volumes[mount["name"]]["secret"]["secretName"] == "netmon-sweep"
-        assert config_file["sweep"]["secret_file"] == str(secret)
+    # Signed by default: the sweep holds the private key, each daemon the public key only
+    # (tests/test_helm_sweep_signing.py has the rest).
+    assert config.signing_key_file is not None and config.secret_file is None
+    assert netmon_yaml(objects)["sweep"] == {
+        "verify_key_file": "/var/run/secrets/netmon-sweep/ed25519.pub"
+    }
     settings = {"sweep": {**SWEEP["sweep"], "settings": {"pair_timeout": "2m", "rails": 4}}}
     overridden = parse_config(_sweep_config(render(settings))).sweep
     assert overridden is not None and overridden.pair_timeout == 120 and overridden.rails == 4

@@ -5,11 +5,14 @@ Helm's Go SDK through tests/test_helm_values.py's helpers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 
 from netmon.config import load_config
 from tests.test_helm import CHART, netmon_yaml
@@ -22,7 +25,7 @@ from tests.test_helm_values import (
     render,
 )
 
-HOST_PATH = "/data/nccl-inspector"
+HOST_PATH = "/var/lib/nccl-inspector"  # below a root inspector.dir allows
 # Each kind of value netmon reads: durations as text and as seconds, a count, a size in bytes
 # (a number Helm holds as a float64, which must not come out as 4.194304e+06).
 SETTINGS: dict[str, Any] = {
@@ -82,9 +85,10 @@ def test_enabled_the_daemonset_mounts_the_host_directory_read_write_at_the_same_
     mount = _mounts(objects)[HOST_PATH]
     assert mount["name"] == name
     assert mount.get("readOnly", False) is False, "netmon removes ended pods' directories"
-    # Only the netmon container: the init container hands /var/lib/netmon over, nothing more.
+    # The netmon container, and the init container that marks the root (below) only.
     for init in pod_spec(objects)["initContainers"]:
-        assert name not in {m["name"] for m in init["volumeMounts"]}
+        mounted = {m["name"] for m in init["volumeMounts"]}
+        assert name not in mounted or init["name"] == "inspector-marker"
     # netmon.yaml: the mount's path as its dir, and every setting as given.
     assert netmon_yaml(objects)["inspector"] == {"dir": HOST_PATH, **SETTINGS}
     # Two capabilities more than without it, and nothing else: the pods' directories are their
@@ -162,6 +166,11 @@ def test_the_rendered_netmon_yaml_passes_netmons_own_validation(
         "",
         "/data//inspector",
         "/data/nccl inspector",
+        # An allowed root itself, or a directory outside them: inspector.dir's own rule.
+        "/var/lib",
+        "/tmp",
+        "/etc",
+        "/data/nccl-inspector",
     ],
 )
 @pytest.mark.parametrize("enabled", [True, False])
@@ -177,9 +186,6 @@ def test_a_host_path_that_is_not_one_absolute_path_is_refused_by_the_schema(
     [
         ("/var/lib/netmon", "/var/lib/netmon"),
         ("/var/lib/netmon/inspector", "/var/lib/netmon"),
-        ("/var/lib", "/var/lib/netmon"),
-        ("/tmp", "/tmp"),
-        ("/etc", "/etc/netmon"),
         ("/run/netmon/inspector", "/run/netmon"),
     ],
 )
@@ -208,3 +214,59 @@ def test_config_inspector_is_refused_naming_both_keys(enabled: bool) -> None:
         match=r"inspector\.settings\.dir: the directory is inspector\.hostPath",
     ):
         render({"inspector": {"enabled": enabled, "settings": {"dir": HOST_PATH}}})
+
+
+def test_enabled_an_init_container_marks_the_root_as_netmons_without_following_links(
+    tmp_path: Path,
+) -> None:
+    """netmon removes pods' directories only under a root holding its mark (.netmon-inspector):
+    the chart writes it before netmon starts, as root with no capability, and through no
+    symbolic link left in its place. The command is run here as the pod would run it."""
+    objects, _ = render(ON)
+    (init,) = [c for c in pod_spec(objects)["initContainers"] if c["name"] == "inspector-marker"]
+    assert [m["mountPath"] for m in init["volumeMounts"]] == [HOST_PATH]
+    assert init["volumeMounts"][0].get("readOnly", False) is False
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert init["securityContext"]["allowPrivilegeEscalation"] is False
+    program, flag, code, marker = init["command"]
+    assert (program, flag, marker) == ("python", "-c", f"{HOST_PATH}/.netmon-inspector")
+    # The command itself, against a directory standing in for the host path.
+    root = tmp_path / "inspector"
+    root.mkdir()
+    here = str(root / ".netmon-inspector")
+    subprocess.run([sys.executable, "-c", code, here], check=True)
+    assert (root / ".netmon-inspector").is_file()
+    subprocess.run([sys.executable, "-c", code, here], check=True)  # again: a restart
+    (root / ".netmon-inspector").unlink()
+    (root / ".netmon-inspector").symlink_to(tmp_path / "elsewhere")
+    failed = subprocess.run([sys.executable, "-c", code, here], capture_output=True)
+    assert failed.returncode != 0 and not (tmp_path / "elsewhere").exists()
+    # Off, no init container touches the directory.
+    names = {c["name"] for c in pod_spec(render({})[0])["initContainers"]}
+    assert names == {"state-owner"}
+
+
+def test_the_documented_pod_mounts_only_its_own_directory_by_uid() -> None:
+    """The chart's README gives the GPU pods' spec: the hostPath with subPathExpr $(POD_UID), so
+    a pod sees <hostPath>/<its UID> and neither another pod's directory nor the root."""
+    readme = (CHART / "README.md").read_text()
+    section = readme.split(f"\n## {SECTION}\n", 1)[1].split("\n## ", 1)[0]
+    (pod,) = [
+        document
+        for block in section.split("```yaml\n")[1:]
+        for document in [yaml.safe_load(block.split("```", 1)[0])]
+        if isinstance(document, dict) and document.get("kind") == "Pod"
+    ]
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["hostPath"]["path"] == DEFAULTS["inspector"]["hostPath"]
+    (train,) = pod["spec"]["containers"]
+    (mount,) = [m for m in train["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["subPathExpr"] == "$(POD_UID)" and "subPath" not in mount
+    env = {e["name"]: e for e in train["env"]}
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    # The plugin dumps into the mount itself: the pod's own directory.
+    assert env["NCCL_INSPECTOR_DUMP_DIR"]["value"] == mount["mountPath"]
+    # No container or init container of the pod mounts the root whole.
+    for container in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+        for each in container.get("volumeMounts", []):
+            assert each["name"] != volume["name"] or each.get("subPathExpr") == "$(POD_UID)"

@@ -193,10 +193,20 @@ def _rdma_on(port: Any) -> dict[str, Any]:
     )
 
 
+def _rdma_open(allow: Any) -> dict[str, Any]:
+    """Allowed, without the web-config that rdma otherwise needs."""
+    values = rdma_values()
+    if allow:
+        del values["webConfig"]
+    return values
+
+
 CONTEXT: dict[str, dict[str, Any] | Callable[[Any], dict[str, Any]]] = {
     "sweep": SWEEP,
     "rdma": rdma_values(),
     "rdma.port": _rdma_on,
+    "rdma.allowUnauthenticated": _rdma_open,
+    "sweep.secretName": merged(SWEEP, {"sweep": {"sharedSecret": True}}),
     "webConfig": {"webConfig": {"secretName": "netmon-web"}},
     "webConfig.secretName": {},
     "webConfig.requireClientCert": {"webConfig": {"secretName": "netmon-web", "tls": True}},

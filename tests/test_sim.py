@@ -365,13 +365,26 @@ def test_pairs_on_a_healthy_simulated_dgx_are_healthy() -> None:
     """Issue 34: 28 pairs in rounds of four share this host's few cores, so a pair measured
     beside the round's others read low and the node UNHEALTHY (9 of 28, rc 1). A pair measured
     while other work held the CPUs is measured again alone, as the daemon leaves such a result
-    unjudged; the healthy node passes."""
+    unjudged; one that still reads low is measured again and judged on its best try, low only
+    beyond what the other work measured with it can take from its ranks (pairs.load_ceiling),
+    else named as not judged. CI, with other tests on both cores, read a pair at 0.67 of its
+    class median below the disturbed share; here the node passes however busy the host is."""
     node = str(NODES / "dgx-h100.json")
+    command = ["probe", "--simulate", node, "--pairs", "--quiet", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "netmon", "probe", "--simulate", node, "--pairs", "--quiet"],
+        [sys.executable, "-m", "netmon", *command],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "# all pairs within their path class" in done.stdout
+    document = json.loads(done.stdout)
+    assert document["verdict"]["summary"] == "all pairs within their path class"
+    assert len(document["pairs"]) == 28
+    for pair in document["pairs"]:
+        name = f"pair {pair['gpu']}-{pair['peer_gpu']}"
+        assert pair["ok"] and pair["low"] is not True, name
+        if pair["low"] is None:  # left out of the verdict: measured beside other work, and said
+            largest = max(pair["results"], key=lambda r: r["size_bytes"])
+            assert (largest["foreign_cpu_share"] or 0.0) > 0.0, name
+            assert f"netmon: {name} not judged: " in done.stderr, name

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import netmon
 from netmon import sim
@@ -29,6 +29,10 @@ from netmon.cli import (
 )
 from netmon.cli.daemon_config import load_daemon_config
 from netmon.errors import CouldNotRun, UsageError
+
+if TYPE_CHECKING:
+    from netmon.config import NetmonConfig
+    from netmon.exposition.webconfig import WebSecurity
 
 # The top-level help, written for a user (the module docstring is for the code's reader).
 DESCRIPTION = (
@@ -148,6 +152,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from netmon.serve.daemon import Daemon
 
     config, gpus = load_daemon_config(args)
+    if config.inspector is not None:
+        from netmon.inspector.jobdirs import check_root
+
+        check_root(config.inspector.dir)  # before anything starts (Daemon checks it too)
     logs.setup(config.logging.level, config.logging.format)
     if not gpus and args.config is None:
         logging.getLogger("netmon").info(
@@ -173,11 +181,28 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "--web-config: basic_auth_users without tls_server_config: passwords cross the "
                 "network in clear text"
             )
+    _warn_if_exposed(config, web)
 
     def reload() -> Any:
         return load_daemon_config(args)[0]
 
     return int(Daemon(config, idle_source=source, web=web, loader=reload).serve_forever())
+
+
+def _warn_if_exposed(config: NetmonConfig, web: WebSecurity | None) -> None:
+    import ssl
+
+    from netmon.listen import exposure_warning, shares_pid1_network
+
+    # Basic auth or client certificates: TLS alone encrypts, and still answers anyone.
+    tls = web.tls if web is not None else None
+    client_certs = tls is not None and tls.verify_mode == ssl.CERT_REQUIRED
+    authenticated = client_certs or (web is not None and web.auth is not None)
+    warning = exposure_warning(
+        config.listen_host, config.listen_port, authenticated, shares_pid1_network()
+    )
+    if warning:
+        logging.getLogger("netmon").warning(warning)
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -188,9 +213,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         return EXIT_OK
     config, _ = load_daemon_config(args)
     if config.group is not None:
-        from netmon.group.auth import group_secret
+        from netmon.group.keys import load_keys
 
-        group_secret(config.group)  # readable and long enough, before any daemon needs it
+        # The secret readable and long enough, member keys Ed25519, before any daemon needs them.
+        load_keys(config.group)
+    if config.inspector is not None:
+        from netmon.inspector.jobdirs import check_root
+
+        check_root(config.inspector.dir)  # marked as netmon's: the daemon removes jobs' in it
     print(cfg.dump(config), end="")
     print(f"# OK: {args.file or 'embedded default'} is valid", file=sys.stderr)
     return EXIT_OK

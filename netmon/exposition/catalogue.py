@@ -59,7 +59,14 @@ INSPECTOR_REJECT_REASONS = (
     "unknown_collective",
     "bad_value",
     "unremovable",
+    "budget_exhausted",
+    "internal",
+    # A record whose figures cannot be a measurement (netmon.inspector.records.implausible).
+    "implausible_busbw",
+    "implausible_time",
 )
+# The states of a job directory under inspector.dir at its last read (netmon.inspector.files).
+INSPECTOR_DIRECTORY_STATES = ("live", "removable", "foreign")
 
 # Bounded label values, exported as 0 from the start so that rate() and increase() see the first
 # event (docs/METRICS.md lists them).
@@ -169,6 +176,10 @@ CATALOGUE: tuple[Family, ...] = (
     Family("series", "netmon_reference_mature", "gauge", "", _SERIES,
            "1 once the reference is learned over a day of results and fixed; 0 while it is "
            "young (provisional, the median of the hours seen so far)", "probes"),
+    Family("series", "netmon_reference_stale", "gauge", "", _SERIES,
+           "1 when the series has run steadily above its reference for 12 h or more, further "
+           "than the reference moves by itself (an upgrade): declines are measured from the "
+           "old level until netmon rebaseline takes the reference up", "probes"),
     Family("series", "netmon_busbw_level_bytes_per_second", "gauge", "bytes_per_second",
            _SERIES, "Long level: the median of the series' last baseline.long_window conclusive "
            "results, the level to compare across nodes (netmon_busbw_reference_bytes_per_second "
@@ -207,7 +218,8 @@ CATALOGUE: tuple[Family, ...] = (
            "at baseline.flap_trigger of them among as many healthy)", "probes"),
     Family("series", "netmon_judged", "gauge", "", _SERIES,
            "1 when the series can turn degraded; 0 for a latency-bound size that is learned and "
-           "shown only (baseline.latency_ratio unset)", "probes"),
+           "shown only (on CPU ranks unless baseline.latency_ratio is set, or where it is null)",
+           "probes"),
     Family("series", "netmon_foreign_cpu_ratio", "gauge", "ratio", _SERIES,
            "Other processes' CPU use while the result was measured, per CPU of the machine "
            "(0 quiet, 1 every core taken): their user, nice and system time, netmon's own "
@@ -360,6 +372,13 @@ CATALOGUE: tuple[Family, ...] = (
     Family("group", "netmon_group_messages_rejected", "counter", "", ("group", "member"),
            "Group messages that failed authentication (wrong secret, tampered, replayed or stale),"
            " by the member they claimed to come from"),
+    Family("group", "netmon_group_store_refused", "counter", "", ("group", "reason"),
+           "Connections and writes this member's store refused before storing anything, by reason"
+           " (bad_handshake, handshake_timeout, oversize, bad_frame, evicted, busy, idle,"
+           " value_too_large, store_full, address_full)"),
+    Family("group", "netmon_group_results_refused", "counter", "", ("group", "member", "reason"),
+           "Node-pair results this leader refused as not signed by the member they are from, by"
+           " reason (unsigned, wrong_member, bad_signature)"),
     # sweep: this node's share of the last cluster sweep delivered to it (labels bounded by the
     # rails x peers of one sweep: netmon.sweep.delivery.node_report.MAX_RESULTS)
     Family("sweep", "netmon_sweep_busbw_bytes_per_second", "gauge", "bytes_per_second",
@@ -402,6 +421,13 @@ CATALOGUE: tuple[Family, ...] = (
     Family("jobs", "netmon_jobs_directories_removed", "counter", "", (),
            "Job directories removed after their job ended (inspector.grace, "
            "inspector.stale_after)"),
+    Family("jobs", "netmon_jobs_directories", "gauge", "", ("state",),
+           "Job directories under inspector.dir at their last read, by state: live, removable "
+           "(due for removal but kept: the root lost its marker, or removing failed) or foreign "
+           "(not netmon's by its name or contents: never removed)"),
+    Family("jobs", "netmon_jobs_unconfirmed", "counter", "", (),
+           "Windows in which the baseline called a node shape degraded but no second owner's "
+           "job nor an idle probe of the same shape agreed: shown healthy (docs/INSPECTOR.md)"),
     Family("jobs", "netmon_jobs_last_read_timestamp_seconds", "gauge", "seconds", (),
            "When the Inspector output was last read"),
     Family("jobs", "netmon_jobs_probe_ratio", "gauge", "ratio", ("op", "size_bytes", "ranks"),
@@ -425,9 +451,15 @@ CATALOGUE: tuple[Family, ...] = (
            "When the running configuration was loaded"),
     Family("daemon", "netmon_start_time_seconds", "gauge", "seconds", (),
            "When the daemon started"),
+    Family("daemon", "netmon_clock_steps", "counter", "", (),
+           "Steps of the wall clock of a second or more, back or forward, that the schedule "
+           "followed: every job kept its wait"),
     Family("daemon", "netmon_baseline_restored", "gauge", "", (),
            "1 when this start restored baselines from the state file; 0 on a start without "
            "usable state (the log says why)"),
+    Family("daemon", "netmon_state_errors", "counter", "", ("reason",),
+           "Baseline state files found at this start but unusable, by reason (corrupt, "
+           "unreadable, an unsupported version): set aside and never taken for a first start"),
     Family("daemon", "netmon_state_write_errors", "counter", "", (),
            "Failed saves of the baseline state file"),
     Family("daemon", "netmon_rank_starts", "counter", "", ("method",),

@@ -319,7 +319,9 @@ def daemon_families(snapshot: Snapshot) -> Iterator[Metric]:
     reload_at.add_metric([], loaded_at)
     started = family("netmon_start_time_seconds", snapshot)
     started.add_metric([], snapshot.started_at)
-    yield from (paused, simulated, build, node, reload_ok, reload_failed, reload_at, started)
+    steps = family("netmon_clock_steps", snapshot)
+    steps.add_metric([], float(snapshot.clock_steps))
+    yield from (paused, simulated, build, node, reload_ok, reload_failed, reload_at, started, steps)
     yield from state_families(snapshot)
     yield from _rank_start_families(snapshot)
 

@@ -9,6 +9,8 @@ from prometheus_client.core import Metric
 
 from netmon.exposition.families import family
 from netmon.exposition.snapshot import Snapshot
+from netmon.group.signing import REFUSALS
+from netmon.group.store import REASONS
 
 
 def group_families(snapshot: Snapshot) -> Iterator[Metric]:
@@ -31,7 +33,16 @@ def group_families(snapshot: Snapshot) -> Iterator[Metric]:
     rejected = family("netmon_group_messages_rejected", snapshot)
     for member in view.members:
         rejected.add_metric([view.name, member], float(snapshot.group_rejected.get(member, 0)))
-    yield from (members, up, leader, rejected)
+    store_refused = family("netmon_group_store_refused", snapshot)
+    for reason in REASONS:
+        count = snapshot.group_store_refused.get(reason, 0)
+        store_refused.add_metric([view.name, reason], float(count))
+    results_refused = family("netmon_group_results_refused", snapshot)
+    for member in view.members:
+        for reason in REFUSALS:
+            count = snapshot.group_results_refused.get((member, reason), 0)
+            results_refused.add_metric([view.name, member, reason], float(count))
+    yield from (members, up, leader, rejected, store_refused, results_refused)
 
 
 def _peer_verdict_families(snapshot: Snapshot) -> Iterator[Metric]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
-from netmon.exposition.catalogue import INSPECTOR_REJECT_REASONS
+from netmon.exposition.catalogue import INSPECTOR_DIRECTORY_STATES, INSPECTOR_REJECT_REASONS
 from netmon.exposition.families import add_known, family
 from netmon.exposition.snapshot import Snapshot
 
@@ -32,10 +32,26 @@ def jobs_families(snapshot: Snapshot) -> Iterator[Metric]:
     shapes.add_metric([], float(view.shapes))
     removed = family("netmon_jobs_directories_removed", snapshot)
     removed.add_metric([], float(view.removed))
+    directories = family("netmon_jobs_directories", snapshot)
+    for state in INSPECTOR_DIRECTORY_STATES:
+        directories.add_metric([state], float(view.directories.get(state, 0)))
+    unconfirmed = family("netmon_jobs_unconfirmed", snapshot)
+    unconfirmed.add_metric([], float(view.unconfirmed))
     covered = family("netmon_jobs_time_covered_ratio", snapshot)
     read_at = family("netmon_jobs_last_read_timestamp_seconds", snapshot)
     add_known([], ((covered, view.covered), (read_at, view.read_at)))
     ratios = family("netmon_jobs_probe_ratio", snapshot)
     for (op, size, ranks), ratio in sorted(view.probe_ratios.items()):
         ratios.add_metric([op, str(size), str(ranks)], ratio)
-    yield from (collectives, rejected, overflow, shapes, removed, covered, read_at, ratios)
+    yield from (
+        collectives,
+        rejected,
+        overflow,
+        shapes,
+        removed,
+        directories,
+        unconfirmed,
+        covered,
+        read_at,
+    )
+    yield ratios

@@ -63,6 +63,9 @@ class SeriesPoint:
     flaps: int = 0
     degraded_since: float | None = None
     episodes: int = 0
+    # The series runs steadily above its reference (an upgrade): `netmon rebaseline` would
+    # take the reference up to it (netmon.baseline.Verdict.reference_stale).
+    reference_stale: bool = False
 
     @property
     def key(self) -> SeriesKey:
@@ -92,6 +95,7 @@ class VerdictPoint:
     reference_mature: bool = False
     degraded_since: float | None = None
     episodes: int = 0
+    reference_stale: bool = False
 
     def labels(self) -> list[str]:
         return [self.probe, self.op, str(self.size_bytes), self.path, str(self.ranks)]
@@ -184,6 +188,8 @@ class JobsView:
     covered: float | None = None
     rejected: Mapping[str, int] = field(default_factory=dict)
     removed: int = 0
+    directories: Mapping[str, int] = field(default_factory=dict)  # by state, the last read
+    unconfirmed: int = 0  # degraded windows of a node shape that no second witness confirmed
     read_at: float | None = None
     window_s: float = 0.0  # a shape's sample spans this long: its "probe interval"
     # (op, size_bytes, ranks) -> the node shape's busbw over the idle probe's reference
@@ -223,18 +229,24 @@ class Snapshot:
     peer_verdicts: Mapping[str, PeerVerdict] = field(default_factory=dict)
     # Group messages that failed authentication, by the member they claimed to come from.
     group_rejected: Mapping[str, int] = field(default_factory=dict)
+    # What this member's store refused, by reason; results refused by (member, reason).
+    group_store_refused: Mapping[str, int] = field(default_factory=dict)
+    group_results_refused: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # (last reload successful, failed reloads, when the configuration was last loaded)
     config_reload: tuple[bool, int, float] = (True, 0, 0.0)
     # Ranks started by method (fork, spawn), fork fallbacks by reason, starts of the zygote.
     rank_starts: Mapping[str, int] = field(default_factory=dict)
     fork_fallbacks: Mapping[str, int] = field(default_factory=dict)
     zygote_starts: int = 0
+    clock_steps: int = 0  # steps of the wall clock the schedule followed (netmon.serve.steady)
     # Results neither judged nor learned, by (probe, reason) (netmon.baseline.INCONCLUSIVE_REASONS).
     inconclusive: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # Results of judged series by probe, conclusive or not (the disturbed share's denominator).
     series_results: Mapping[str, int] = field(default_factory=dict)
     # The baseline state: restored at start, failed saves, series forgotten by (probe, reason).
     baseline_restored: bool = False
+    # A state file found at start but unusable, by reason (netmon.baseline.state.PROBLEM_REASONS).
+    state_errors: Mapping[str, int] = field(default_factory=dict)
     state_write_errors: int = 0
     reference_resets: Mapping[tuple[str, str], int] = field(default_factory=dict)
     sweep: SweepView | None = None  # None: no sweep.secret_file, POST /sweep is 404
@@ -308,6 +320,7 @@ def verdict_fields(verdict: Verdict | None) -> dict[str, Any]:
         "flaps": verdict.flaps,
         "degraded_since": verdict.degraded_since,
         "episodes": verdict.episodes,
+        "reference_stale": verdict.reference_stale,
     }
 
 
@@ -329,6 +342,7 @@ def verdict_point(key: SeriesKey, verdict: Verdict) -> VerdictPoint:
         reference_mature=verdict.reference_mature,
         degraded_since=verdict.degraded_since,
         episodes=verdict.episodes,
+        reference_stale=verdict.reference_stale,
     )
 
 
@@ -351,4 +365,5 @@ def forget_verdict(point: SeriesPoint) -> SeriesPoint:
         reference_mature=False,
         flaps=0,
         degraded_since=None,
+        reference_stale=False,
     )

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import Metric
 
+from netmon.baseline.state import PROBLEM_REASONS
 from netmon.baseline.verdict import DEGRADED_REASONS
 from netmon.exposition.families import add_known, family
 from netmon.exposition.snapshot import SeriesPoint, Snapshot, VerdictPoint
@@ -49,13 +50,14 @@ def verdict_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def _reference_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """Per judged series, measured since the start or restored: the long-term reference and
-    whether it is fixed yet, the long level, why and since when it pages and how often it
-    turned, and when it was last judged (the daemon's start until its first conclusive result:
-    silence ages from the start)."""
+    """Per judged series, measured since the start or restored: the long-term reference,
+    whether it is fixed yet and whether the series has outgrown it, the long level, why and
+    since when it pages and how often it turned, and when it was last judged (the daemon's
+    start until its first conclusive result: silence ages from the start)."""
     names = (
         "netmon_busbw_reference_bytes_per_second",
         "netmon_reference_mature",
+        "netmon_reference_stale",
         "netmon_busbw_level_bytes_per_second",
         "netmon_degraded_reason",
         "netmon_degraded_since_timestamp_seconds",
@@ -63,7 +65,7 @@ def _reference_families(snapshot: Snapshot) -> Iterator[Metric]:
         "netmon_last_judged_timestamp_seconds",
     )
     families = [family(name, snapshot) for name in names]
-    reference, mature, level, reason, since, episodes, judged_at = families
+    reference, mature, stale, level, reason, since, episodes, judged_at = families
     points: list[SeriesPoint | VerdictPoint] = [*snapshot.series, *snapshot.restored]
     for point in points:
         if not point.judged:
@@ -76,6 +78,7 @@ def _reference_families(snapshot: Snapshot) -> Iterator[Metric]:
             turned = point.degraded_since
             since.add_metric(labels, turned if turned is not None else snapshot.started_at)
         mature.add_metric(labels, 1.0 if point.reference_mature else 0.0)
+        stale.add_metric(labels, 1.0 if point.reference_stale else 0.0)
         for known in DEGRADED_REASONS:
             reason.add_metric([*labels, known], 1.0 if point.reason == known else 0.0)
         # A counter: 0 from the first verdict, so that increase() sees the first episode.
@@ -97,9 +100,13 @@ def result_families(snapshot: Snapshot) -> Iterator[Metric]:
 
 
 def state_families(snapshot: Snapshot) -> Iterator[Metric]:
-    """Whether this start restored its baselines, and saves that failed since."""
+    """Whether this start restored its baselines, why the state file it found was unusable,
+    and saves that failed since."""
     restored = family("netmon_baseline_restored", snapshot)
     restored.add_metric([], 1.0 if snapshot.baseline_restored else 0.0)
+    unusable = family("netmon_state_errors", snapshot)
+    for reason in sorted({*PROBLEM_REASONS, *snapshot.state_errors}):  # 0 from the start
+        unusable.add_metric([reason], float(snapshot.state_errors.get(reason, 0)))
     errors = family("netmon_state_write_errors", snapshot)
     errors.add_metric([], float(snapshot.state_write_errors))
-    yield from (restored, errors)
+    yield from (restored, unusable, errors)

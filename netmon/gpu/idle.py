@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from netmon.bandwidth import parse_size
+from netmon.bandwidth import MAX_MEMORY_SIZE, bounded_size
 from netmon.gpu.podresources import GpuAllocations
 from netmon.schema import SIZE_TEXT, also
 
@@ -97,6 +97,7 @@ class IdlePolicy(BaseModel):
     max_memory_used: int = Field(
         default=1 << 30,
         ge=0,
+        le=MAX_MEMORY_SIZE,
         json_schema_extra=also(SIZE_TEXT),
         description="bytes; busy above this",
     )
@@ -119,7 +120,9 @@ class IdlePolicy(BaseModel):
     @classmethod
     def _memory_size(cls, value: object) -> object:
         # A configuration file says "1G" (binary, as every size in netmon).
-        return parse_size(value) if isinstance(value, str) else value
+        if isinstance(value, str):
+            return bounded_size(value, MAX_MEMORY_SIZE, "a GPU's memory may be")
+        return value
 
     @field_validator("kubelet_socket", "kubelet_pods", mode="before")
     @classmethod

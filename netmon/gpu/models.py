@@ -45,3 +45,9 @@ def node_model(models: Sequence[str]) -> str:
         return UNKNOWN_MODEL
     # most_common keeps the order of first insertion among equal counts (collections docs).
     return Counter(models).most_common(1)[0][0]
+
+
+def named(model: str) -> str | None:
+    """`model` where it names GPUs; None for CPU ranks and GPUs NVML could not name (what a
+    node of that model is expected to reach is then unknown: netmon.baseline.expect)."""
+    return None if model in (CPU_MODEL, UNKNOWN_MODEL) else model

@@ -8,6 +8,7 @@ job takes one of them, or skip it.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 from netmon.probe.build import Placement
 from netmon.probe.forking import Zygote
 from netmon.probe.launcher import AbortCheck, Launcher
-from netmon.probe.spec import ProbeOutcome, ProbeSpec
+from netmon.probe.spec import ProbeOutcome, ProbeSpec, SizeResult
 from netmon.probe.verdict import LinkVerdict, Pair, judge_pairs
 
 # A 2-rank all_reduce measures one link only with NVLS off and a ring (docs/FACTS.md, "Pairs").
@@ -212,24 +213,75 @@ def remeasure_disturbed(
     return again
 
 
+# How many times a pair on CPU ranks that reads low is measured again, alone: there another
+# pass differs from the first only by what else the host ran.
+LOW_RETRIES = 2
+
+
+def remeasure_low(
+    measured: Sequence[PairOutcome],
+    spec_of: Callable[[Pair], ProbeSpec],
+    paths: Mapping[Pair, str],
+    ratio: float,
+    max_foreign_cpu: float,
+    **run: Any,
+) -> list[PairOutcome]:
+    """Pairs on CPU ranks whose best figure is under `ratio` of their class median, measured
+    again alone up to LOW_RETRIES times, so that each is judged on the best of its tries. `run`
+    goes to run_pair_rounds."""
+    again: list[PairOutcome] = []
+    for _ in range(LOW_RETRIES):
+        verdict = verdict_at_largest(best_per_pair([*measured, *again], max_foreign_cpu), ratio)
+        pairs = [pair for pair, judged in verdict.pairs.items() if judged.low]
+        if not pairs:
+            break
+        again += run_pair_rounds(spec_of, [[pair] for pair in pairs], paths, **run)
+    return again
+
+
 def judged(
-    measured: Sequence[PairOutcome], ratio: float, max_foreign_cpu: float
+    measured: Sequence[PairOutcome], ratio: float, max_foreign_cpu: float, cpus: int | None = None
 ) -> tuple[list[PairOutcome], LinkVerdict, list[str]]:
-    """The best outcome per pair, the verdict at the largest size, and a line per pair that
-    was disturbed every time and so not judged."""
+    """The best outcome per pair, the verdict at the largest size (`cpus`: verdict_at_largest),
+    and a line per pair left unjudged."""
     results = best_per_pair(measured, max_foreign_cpu)
-    verdict = verdict_at_largest(results, ratio, max_foreign_cpu)
-    return results, verdict, not_judged(results, max_foreign_cpu)
+    verdict = verdict_at_largest(results, ratio, max_foreign_cpu, cpus)
+    return results, verdict, not_judged(results, verdict, max_foreign_cpu)
 
 
-def not_judged(results: Sequence[PairOutcome], max_foreign_cpu: float) -> list[str]:
-    """One line per pair left unjudged as disturbed in every try."""
-    return [
-        f"pair {item.pair[0]}-{item.pair[1]} not judged: other processes held "
-        f"{max_foreign_cpu:.0%} or more of the CPUs in every try (measured alone too)"
-        for item in results
-        if item.outcome.ok and disturbed(item, max_foreign_cpu)
-    ]
+def not_judged(
+    results: Sequence[PairOutcome], verdict: LinkVerdict, max_foreign_cpu: float
+) -> list[str]:
+    """One line per measured pair the verdict left out: disturbed in every try, or low only by
+    as much as the other work measured with it can account for (load_ceiling)."""
+    lines = []
+    for item in results:
+        if not item.outcome.ok or not item.outcome.results or item.pair in verdict.pairs:
+            continue
+        name = f"pair {item.pair[0]}-{item.pair[1]} not judged"
+        if disturbed(item, max_foreign_cpu):
+            lines.append(
+                f"{name}: other processes held {max_foreign_cpu:.0%} or more of the CPUs in "
+                "every try (measured alone too)"
+            )
+        else:
+            share = _largest(item).foreign_cpu_share or 0.0
+            lines.append(
+                f"{name}: low in every try, but other processes held {share:.0%} of the CPUs "
+                "meanwhile, which can slow CPU ranks by as much (measured alone too)"
+            )
+    return lines
+
+
+def load_ceiling(busbw: float, share: float | None, cpus: int) -> float:
+    """The most a pair on CPU ranks measured at `busbw` could have given had nothing else run.
+
+    A 2-rank collective goes at its slower rank's pace. Other work that took `share` of `cpus`
+    CPUs took at most share x cpus of one core (all of it from one rank's), so that rank, and the
+    pair, kept at least 1 - share x cpus of its pace; taking more than a core leaves no bound.
+    """
+    lost = (share or 0.0) * cpus
+    return busbw / (1.0 - lost) if lost < 1.0 else math.inf
 
 
 def disturbed(item: PairOutcome, max_foreign_cpu: float) -> bool:
@@ -241,16 +293,43 @@ def disturbed(item: PairOutcome, max_foreign_cpu: float) -> bool:
     return share is not None and share >= max_foreign_cpu
 
 
+def _largest(item: PairOutcome) -> SizeResult:
+    return max(item.outcome.results, key=lambda r: r.size_bytes)
+
+
 def verdict_at_largest(
-    results: Sequence[PairOutcome], ratio: float, max_foreign_cpu: float = 1.0
+    results: Sequence[PairOutcome],
+    ratio: float,
+    max_foreign_cpu: float = 1.0,
+    cpus: int | None = None,
 ) -> LinkVerdict:
     """Judge the pairs on their largest measured size (bandwidth, not latency, shows a link);
-    a pair measured only while other work held the CPUs is not judged."""
+    a pair measured only while other work held the CPUs is not judged.
+
+    On CPU ranks (`cpus`: how many their affinity holds) a pair is low only if its load_ceiling
+    is: a pair under `ratio` by no more than the other work measured with it can explain is
+    left unjudged, and its class judged without it, until no such pair is left."""
     busbw: dict[Pair, float] = {}
+    ceilings: dict[Pair, float] = {}
     paths: dict[Pair, str] = {}
     for item in results:
         if item.outcome.results and not disturbed(item, max_foreign_cpu):
-            largest = max(item.outcome.results, key=lambda r: r.size_bytes)
+            largest = _largest(item)
             busbw[item.pair] = largest.busbw_bytes_per_second
+            ceilings[item.pair] = busbw[item.pair]
+            if cpus is not None:
+                ceilings[item.pair] = load_ceiling(
+                    busbw[item.pair], largest.foreign_cpu_share, cpus
+                )
             paths[item.pair] = item.path
-    return judge_pairs(busbw, paths, ratio)
+    while True:
+        verdict = judge_pairs(busbw, paths, ratio)
+        explained = [
+            pair
+            for pair, judged in verdict.pairs.items()
+            if judged.low and judged.class_median and ceilings[pair] >= ratio * judged.class_median
+        ]
+        if not explained:
+            return verdict
+        for pair in explained:
+            del busbw[pair]

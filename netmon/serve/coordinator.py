@@ -26,6 +26,7 @@ from netmon.gpu.fabric import FabricReading
 from netmon.gpu.nvml_links import read_fabric
 from netmon.group import members
 from netmon.group.auth import Sealer
+from netmon.group.keys import GroupKeys, key_files, load_keys, stamp_of
 from netmon.group.link import GroupError, GroupLink, SealedLink
 from netmon.group.members import RDMA_ROOT, GroupConfig, World, lay_out, leader_of, node_transport
 from netmon.logs import event
@@ -59,6 +60,7 @@ class Coordinator:
         zygote: Zygote | None = None,
         fabric: Callable[[], Sequence[FabricReading]] = read_fabric,
         rdma: Path = RDMA_ROOT,
+        keys: GroupKeys | None = None,
     ) -> None:
         self.current = current
         self.group = group
@@ -68,7 +70,14 @@ class Coordinator:
         mnnvl_env, why = members.node_mnnvl_env(current.get().backend, transport, fabric)
         event(log, "group mnnvl", group=group.name, env=mnnvl_env, why=why)
         self.me = me
-        self.link = SealedLink(link, sealer, self.rejected)
+        self.link = SealedLink(
+            link,
+            sealer,
+            self.rejected,
+            signer=keys.signer if keys else None,
+            verifier=keys.verifier if keys else None,
+        )
+        self.keys_stamp = keys.stamp if keys else None
         self.results = results
         self.stopping = readiness.stopping
         self.seen: set[str] = {me}
@@ -171,9 +180,28 @@ class Coordinator:
             return False
         return True
 
-    def rejected(self, sender: str, why: str) -> None:
-        """A message claimed to come from `sender` and failed authentication: count, log."""
+    def rekey(self) -> bool:
+        """SIGHUP: the group's key files read again when their contents changed (a key rotated
+        in place); UsageError, and the running keys kept, when one is unreadable or wrong."""
+        if stamp_of(key_files(self.group)) == self.keys_stamp:
+            return False
+        keys = load_keys(self.group)
+        self.link.link.rekey(keys.secret)
+        self.link.sealer, self.link.signer, self.link.verifier = (
+            keys.sealer,
+            keys.signer,
+            keys.verifier,
+        )
+        self.keys_stamp = keys.stamp
+        event(log, "group keys reloaded", group=self.group.name, files=len(key_files(self.group)))
+        return True
+
+    def rejected(self, sender: str, why: str, reason: str | None = None) -> None:
+        """A message claimed to come from `sender` and failed authentication: count, log. A
+        result not signed by its member is counted by `reason` too."""
         self.results.group_message_rejected(sender)
+        if reason is not None:
+            self.results.group_result_refused(sender, reason)
         now = time.monotonic()
         if now - self._rejects_logged.get(sender, -REJECT_LOG_INTERVAL_S) >= REJECT_LOG_INTERVAL_S:
             self._rejects_logged[sender] = now

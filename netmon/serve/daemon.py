@@ -19,10 +19,10 @@ from types import FrameType
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
 from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from netmon import dirs
+from netmon.baseline.expect import expectation_for
 from netmon.config import NetmonConfig
 from netmon.errors import CouldNotRun, UsageError
 from netmon.exposition.collector import SnapshotPage
@@ -31,7 +31,7 @@ from netmon.exposition.webconfig import WebSecurity
 from netmon.gpu import idle, models
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
-from netmon.group.auth import Sealer, group_secret
+from netmon.group.keys import load_keys
 from netmon.group.link import GroupError, GroupLink
 from netmon.group.members import bind_address, identify_self, member_port
 from netmon.logs import event
@@ -42,10 +42,12 @@ from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
 from netmon.serve.jobs_traffic import JOB_ID as INSPECTOR_JOB
 from netmon.serve.jobs_traffic import JobsTraffic
-from netmon.serve.keeper import BaselineKeeper
+from netmon.serve.keeper import BaselineKeeper, clear_interrupted_saves
 from netmon.serve.readiness import Decision, DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
+from netmon.serve.steady import SteadyScheduler
+from netmon.serve.sweep_inbox import STATE_FILE as SWEEP_FILE
 from netmon.serve.sweep_inbox import open_inbox, secret_path
 from netmon.serve.telemetry import LinkTelemetry
 from netmon.topology.identity import read_identity
@@ -69,6 +71,7 @@ RESTART_FIELDS = (
     # The baseline book is built with its policy at start (its windows are sized by it); a
     # reload that changed it used to be accepted and ignored.
     "baseline",
+    "expect",  # the book's expected levels are built with it at start
     "inspector",  # its reader and shapes are built at start
 )
 FIRST_RUN_DELAY_S = 1.0
@@ -87,6 +90,8 @@ def _state_path(config: NetmonConfig) -> Path | None:
             exc.strerror,
         )
         return None
+    # Before anything saves again: what saves killed midway (kill -9, a power cut) left.
+    clear_interrupted_saves(config.state_dir, (STATE_FILE, SWEEP_FILE))
     return config.state_dir / STATE_FILE
 
 
@@ -217,8 +222,19 @@ class Daemon:
         # A start that fails (the port taken) leaves no state directory it made behind.
         made = dirs.missing(config.state_dir) if config.state_dir is not None else []
         state_path = _state_path(config)
-        keeper = BaselineKeeper.open(state_path, config.baseline, read_identity(self.topology))
-        self.results = Results(self.current, keeper, _gpu_model(config))
+        gpu_model = _gpu_model(config)
+        try:
+            keeper = BaselineKeeper.open(
+                state_path,
+                config.baseline.for_ranks(config.backend),
+                read_identity(self.topology),
+                refuse_corrupt=config.state_on_corrupt == "refuse",
+                expect=expectation_for(models.named(gpu_model), site_entries=config.expect),
+            )
+        except UsageError:
+            dirs.remove_empty(made)
+            raise
+        self.results = Results(self.current, keeper, gpu_model)
         state_dir = state_path.parent if state_path is not None else None
         self.sweep_inbox = open_inbox(config, state_dir, self.results.set_sweep)
         self.jobs_traffic = (
@@ -270,13 +286,15 @@ class Daemon:
     def config(self) -> NetmonConfig:
         return self.current.get()
 
-    def _scheduler(self) -> BackgroundScheduler:
+    def _scheduler(self) -> SteadyScheduler:
         probes = self.config.probes or ()
-        scheduler = BackgroundScheduler(
+        # Steady: a step of the wall clock neither stops the jobs nor fires them all at once.
+        scheduler = SteadyScheduler(
             # Room for probes a reload adds; the device locks keep them from overlapping.
             executors={"default": ThreadPoolExecutor(max(4, len(probes)))},
             job_defaults={"coalesce": True, "max_instances": 1},
             timezone="UTC",
+            on_step=self.results.clock_stepped,
         )
         # A run that comes due while the previous one still runs is dropped by APScheduler
         # (max_instances=1); count it, as every skip is counted.
@@ -284,7 +302,7 @@ class Daemon:
         self._add_jobs(scheduler, self.config)
         return scheduler
 
-    def _add_jobs(self, scheduler: BackgroundScheduler, config: NetmonConfig) -> None:
+    def _add_jobs(self, scheduler: SteadyScheduler, config: NetmonConfig) -> None:
         now = time.time()
         # Group probes are scheduled by the group's leader (netmon.serve.coordinator), not here.
         probes = tuple(p for p in config.probes or () if p.scope == "local")
@@ -340,6 +358,8 @@ class Daemon:
             if changed:
                 raise UsageError(f"{', '.join(changed)}: changing this needs a restart")
             _check_specs(new, self.topology)
+            if self.coordinator is not None:  # key files rotated in place (by contents)
+                self.coordinator.rekey()
         except (UsageError, CouldNotRun) as exc:  # a reload never stops the daemon
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
@@ -364,9 +384,14 @@ class Daemon:
             host = bind_address(group, me)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        sealer = Sealer(group.name, group_secret(group))
+        keys = load_keys(group)
         self.link = GroupLink(
-            member_port(me), host, me, python=self.config.rank_python or sys.executable
+            member_port(me),
+            host,
+            me,
+            python=self.config.rank_python or sys.executable,
+            secret=keys.secret,
+            on_refused=self.results.group_store_refused,
         )
         try:
             self.link.start()
@@ -377,11 +402,12 @@ class Daemon:
             group,
             me,
             self.link,
-            sealer,
+            keys.sealer,
             self.readiness,
             self.results,
             self.topology,
             zygote=self.zygote,
+            keys=keys,
         )
         self.coordinator.start()
 

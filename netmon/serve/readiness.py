@@ -82,6 +82,11 @@ class DeviceLocks:
         with self._changed:
             return frozenset(self._held)
 
+    def waiting(self) -> tuple[frozenset[str], ...]:
+        """The device sets probes wait for now, first come first."""
+        with self._changed:
+            return tuple(keys for _, keys in sorted(self._queue, key=lambda t: t[0]))
+
     def wait_unwanted(self, keys: frozenset[str], timeout: float) -> bool:
         """Wait until no probe holds or waits for any of `keys`; False at the timeout."""
 

@@ -59,6 +59,9 @@ class Results:
         self._simulated = sim.active() is not None
         self._gpu_model = gpu_model  # read once at start (netmon.gpu.models)
         self._started_at = time.time()
+        # When each probe's last run ended, on the monotonic clock: "how long since" must not
+        # jump with the wall clock (a step forward is no pause; netmon.serve.steady).
+        self._ended: dict[str, float] = {}
         self._pairs = PairRecord(config)
         self._topology: tuple[tuple[int, int, str], ...] = ()
         self._link_health: LinkHealth | None = None
@@ -69,9 +72,12 @@ class Results:
         self._reload_failures = 0
         self._reloaded_at = time.time()
         self._zygote_starts = 0
+        self._clock_steps = 0
         self._peers: dict[tuple[str, str], tuple[PeerPoint, ...]] = {}
         self._peer_verdicts = PeerRecord()
         self._group_rejected: dict[str, int] = {}
+        self._store_refused: dict[str, int] = {}
+        self._results_refused: dict[tuple[str, str], int] = {}
         self._sweep: SweepView | None = None  # set by the sweep inbox, where there is one
         self._jobs = JobsRecord(config.inspector, self._book) if config.inspector else None
         if self._jobs is not None:
@@ -102,6 +108,7 @@ class Results:
         """A bug in netmon, not in a probe: counted, so that it pages like any failure."""
         with self._lock:
             self._runs.failed_internally(probe, time.time())
+            self._ended[probe] = time.monotonic()
             self._snapshot = self._build_snapshot()
 
     def started(self, probe: str) -> None:
@@ -143,6 +150,19 @@ class Results:
     def group_message_rejected(self, member: str) -> None:
         with self._lock:
             self._group_rejected[member] = self._group_rejected.get(member, 0) + 1
+            self._snapshot = self._build_snapshot()
+
+    def group_store_refused(self, reason: str, count: int = 1) -> None:
+        """Connections or writes this member's store refused (netmon.group.store.REASONS)."""
+        with self._lock:
+            self._store_refused[reason] = self._store_refused.get(reason, 0) + count
+            self._snapshot = self._build_snapshot()
+
+    def group_result_refused(self, member: str, reason: str) -> None:
+        """A pair result not signed by the member it is from (netmon.group.signing)."""
+        with self._lock:
+            key = (member, reason)
+            self._results_refused[key] = self._results_refused.get(key, 0) + 1
             self._snapshot = self._build_snapshot()
 
     def peer_measured(self, probe: str, peer: str, outcome: ProbeOutcome) -> None:
@@ -207,6 +227,11 @@ class Results:
             self._zygote_starts += 1
             self._snapshot = self._build_snapshot()
 
+    def clock_stepped(self, _step: float) -> None:
+        with self._lock:
+            self._clock_steps += 1
+            self._snapshot = self._build_snapshot()
+
     def link_read_failed(self) -> None:
         with self._lock:
             self._link_read_errors += 1
@@ -229,10 +254,12 @@ class Results:
             now = time.time()
             # The probe did not run for over two intervals (paused, its GPUs held by jobs):
             # its ranks and devices are cold again, as after a start.
-            previous = self._runs.last_run(probe.name)
+            ended = time.monotonic()
+            previous = self._ended.get(probe.name)
             paused = previous is not None and after_pause(
-                previous, now - outcome.wall_s, probe.interval, probe.effective_jitter
+                previous, ended - outcome.wall_s, probe.interval, probe.effective_jitter
             )
+            self._ended[probe.name] = ended
             self._runs.launched(probe.name, path, outcome, now)
             self._runs.finished(probe.name, outcome.wall_s, now, outcome.failure is None)
             if outcome.failure is None and export:
@@ -261,6 +288,7 @@ class Results:
                 self._runs.launched(probe.name, item.path, item.outcome, now)
             succeeded = bool(results) and all(item.outcome.ok for item in results)
             self._runs.finished(probe.name, duration_s, now, succeeded)
+            self._ended[probe.name] = time.monotonic()
             verdict = self._pairs.sweep(probe, results, now)
             self._snapshot = self._build_snapshot()
         return verdict
@@ -276,6 +304,11 @@ class Results:
         self._keeper.save()
 
     @property
+    def book(self) -> baseline.BaselineBook:
+        """The book every result is judged in (read-only use: observe through this class)."""
+        return self._keeper.book
+
+    @property
     def state_write_errors(self) -> int:
         return self._keeper.write_errors
 
@@ -285,7 +318,7 @@ class Results:
         jobs = self._jobs.points if self._jobs is not None else {}
         return Snapshot(
             series=self._series.exported(jobs),
-            restored=self._series.restored(probes, jobs),
+            restored=self._series.restored(probes),
             probes=probes,
             build=dict(self._build, nccl=self._runs.nccl),
             simulated=self._simulated,
@@ -308,13 +341,17 @@ class Results:
             peers=tuple(p for key in sorted(self._peers) for p in self._peers[key]),
             peer_verdicts=dict(self._peer_verdicts.verdicts),
             group_rejected=dict(self._group_rejected),
+            group_store_refused=dict(self._store_refused),
+            group_results_refused=dict(self._results_refused),
             config_reload=(self._reload_ok, self._reload_failures, self._reloaded_at),
             rank_starts=self._runs.rank_starts(),
             fork_fallbacks=self._runs.fork_fallbacks(),
             zygote_starts=self._zygote_starts,
+            clock_steps=self._clock_steps,
             inconclusive=dict(self._series.inconclusive),
             series_results=dict(self._series.series_results),
             baseline_restored=self._keeper.restored,
+            state_errors=self._keeper.state_errors(),
             state_write_errors=self._keeper.write_errors,
             reference_resets=self._keeper.resets(self._series.series_results),
             sweep=self._sweep,

@@ -195,20 +195,30 @@ class ProbeRunner:
             return self._skip(probe, reason, f"fewer than 2 idle GPUs: {survey.detail}")
         return self._pairs(probe, config, spec, topo.restricted(idle), skipped)
 
-    def _gate(self, pair: Pair) -> AbstractContextManager[Gate]:
-        """A pair's own claim: its two GPUs locked (no wait) and idle at a glance, right after
-        the sweep's full survey; then its own abort check, so a job stops this pair alone."""
-        devices = [str(pair[0]), str(pair[1])]
+    def _gate_for(self, timeout: float) -> Callable[[Pair], AbstractContextManager[Gate]]:
+        """Each pair's own claim: its two GPUs locked and idle at a glance, right after the
+        sweep's full survey; then its own abort check, so a job stops this pair alone.
 
-        @contextmanager
-        def claimed() -> Iterator[Gate]:
-            with self.readiness.claim(frozenset(devices), devices, 0.0, samples=1) as decision:
-                if not decision.ready:
-                    yield Gate(decision.reason, decision.detail)
-                    return
-                yield Gate(abort=self.readiness.abort_check(devices))
+        A pair waits its turn (first come, first served, up to `timeout`) behind another probe
+        of ours on its GPUs: taking them only if free at that instant let a frequent probe on
+        the same GPUs (`gpus: idle` picks the NVLink island a pair also uses) take every turn,
+        and that pair was never measured."""
 
-        return claimed()
+        def gate(pair: Pair) -> AbstractContextManager[Gate]:
+            devices = [str(pair[0]), str(pair[1])]
+
+            @contextmanager
+            def claimed() -> Iterator[Gate]:
+                keys = frozenset(devices)
+                with self.readiness.claim(keys, devices, timeout, samples=1) as decision:
+                    if not decision.ready:
+                        yield Gate(decision.reason, decision.detail)
+                        return
+                    yield Gate(abort=self.readiness.abort_check(devices))
+
+            return claimed()
+
+        return gate
 
     def _pairs(
         self,
@@ -239,7 +249,7 @@ class ProbeRunner:
                 paths,
                 abort=self.readiness.abort_check(() if on_gpus else spec.devices),
                 python=_python(config),
-                gate=self._gate if on_gpus else None,
+                gate=self._gate_for(min(probe.interval, 60.0)) if on_gpus else None,
                 on_skip=sweep_skips.append,
                 zygote=self.zygote,
             )

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from netmon import documents
 from netmon.probe.processes import running_as, start_time
 from netmon.topology.model import Topology
 from netmon.topology.parse import parse_topo_matrix
@@ -188,7 +189,7 @@ class NodeFile(_Frozen):
 def load_node_file(path: Path) -> tuple[NodeFile, Topology]:
     """The node file and its topology, or SimulationError in one line naming what is wrong."""
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(path.read_text(), object_pairs_hook=documents.unique_keys)
     except OSError as exc:
         raise SimulationError(f"--simulate: {path}: {exc.strerror}") from None
     except ValueError as exc:

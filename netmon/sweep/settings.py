@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from netmon.bandwidth import parse_duration, parse_rate, parse_size
+from netmon.bandwidth import MAX_PROBE_SIZE, bounded_size, parse_duration, parse_rate
 from netmon.schema import DURATION_TEXT, RATE_TEXT, SIZE_TEXT, also
 from netmon.sweep.kube.settings import KubernetesSweep
 
@@ -39,12 +39,12 @@ class SweepConfig(BaseModel):
     qos: str | None = None  # a preemptible QOS, where preemption is by QOS
     account: str | None = None
     # The pair's all_reduce: one size, large enough to be bandwidth-bound (gloo on the CPU).
-    size: int = Field(16 << 20, ge=1024, json_schema_extra=also(SIZE_TEXT))
+    size: int = Field(16 << 20, ge=1024, le=MAX_PROBE_SIZE, json_schema_extra=also(SIZE_TEXT))
     warmup: int = Field(3, ge=0)
     iters: int = Field(10, ge=1)
     # A GPU pair's (NCCL): 16 MiB x 10 is some 3.5 ms of traffic on a 400 Gb/s rail, too
     # little to be bandwidth-bound; 1 GiB x 20 is some 4.5 s.
-    nccl_size: int = Field(1 << 30, ge=1024, json_schema_extra=also(SIZE_TEXT))
+    nccl_size: int = Field(1 << 30, ge=1024, le=MAX_PROBE_SIZE, json_schema_extra=also(SIZE_TEXT))
     nccl_iters: int = Field(20, ge=1)
     # Ranks per node, one per rail (rank k uses GPU k and the NIC nearest it); default: the
     # node's GPUs (its Slurm gres), 1 on nodes without GPUs.
@@ -108,7 +108,9 @@ class SweepConfig(BaseModel):
     @field_validator("size", "nccl_size", mode="before")
     @classmethod
     def _size(cls, value: object) -> object:
-        return parse_size(value) if isinstance(value, str) else value  # type: ignore[arg-type]
+        if isinstance(value, str):
+            return bounded_size(value, MAX_PROBE_SIZE, "a pair moves")
+        return value
 
     @field_validator("launch_timeout", "pair_timeout", "deadline", mode="before")
     @classmethod

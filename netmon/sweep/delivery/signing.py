@@ -10,7 +10,7 @@ daemons, a report verifies only under the sweep host's public key; a daemon with
 Both forms are `<hex>.<JSON>`: a 64-hex HMAC, or a 128-hex Ed25519 signature over the scheme,
 the seal group, the node's key and the JSON, so that a signature cannot be replayed for another
 node. Keys are PEM files, as `openssl genpkey -algorithm ed25519` and `openssl pkey -pubout`
-write them.
+write them; loading them is shared with the group's member keys (netmon.group.signing).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from netmon.errors import UsageError
 from netmon.group.auth import AuthError, Sealer
+from netmon.group.signing import load_private, load_publics, verifies
 
 SCHEME = "netmon-v1-ed25519"
 SIGNATURE_HEX = 128
@@ -61,22 +61,20 @@ class Verifier:
 
     group: str
     public: Any = field(repr=False)  # cryptography's Ed25519PublicKey
+    # More keys of the sweep host while its key is rotated (one verify_key_file holding both).
+    also: tuple[Any, ...] = field(default=(), repr=False)
 
     def open(self, key: str, value: str) -> dict[str, Any]:
-        from cryptography.exceptions import InvalidSignature
-
         signature, dot, payload = value.partition(".")
         if not dot or len(signature) != SIGNATURE_HEX:
             raise AuthError(
                 f"{key}: not signed by the sweep host (a shared-secret seal, or none): this "
                 "daemon takes only signed reports (sweep.verify_key_file)"
             )
-        try:
-            self.public.verify(bytes.fromhex(signature), _message(self.group, key, payload))
-        except (InvalidSignature, ValueError):
+        if not verifies((self.public, *self.also), SCHEME, self.group, key, value):
             raise AuthError(
                 f"{key}: bad signature (another key than the sweep host's, or tampered with)"
-            ) from None
+            )
         body = json.loads(payload)
         if not isinstance(body, dict):
             raise AuthError(f"{key}: signed, but not a JSON object")
@@ -85,38 +83,14 @@ class Verifier:
 
 def load_signer(group: str, path: Path, setting: str = "sweep.signing_key_file") -> Signer:
     """The Ed25519 private key in a PEM file; UsageError names the setting and the fix."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        key = load_pem_private_key(path.read_bytes(), password=None)
-    except OSError as exc:
-        raise UsageError(f"{setting}: {path}: {exc.strerror or exc}") from None
-    except (ValueError, TypeError):
-        raise UsageError(f"{setting}: {path} is not an unencrypted PEM private key") from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise UsageError(
-            f"{setting}: {path} is not an Ed25519 key (openssl genpkey -algorithm ed25519)"
-        )
-    return Signer(group, key)
+    return Signer(group, load_private(path, setting))
 
 
 def load_verifier(group: str, path: Path, setting: str = "sweep.verify_key_file") -> Verifier:
-    """The sweep host's Ed25519 public key in a PEM file; UsageError names the setting."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
-    try:
-        key = load_pem_public_key(path.read_bytes())
-    except OSError as exc:
-        raise UsageError(f"{setting}: {path}: {exc.strerror or exc}") from None
-    except (ValueError, TypeError):
-        raise UsageError(f"{setting}: {path} is not a PEM public key") from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise UsageError(
-            f"{setting}: {path} is not an Ed25519 public key (openssl pkey -in KEY -pubout)"
-        )
-    return Verifier(group, key)
+    """The sweep host's Ed25519 public keys in a PEM file (one, or the old and the new one while
+    it is rotated); UsageError names the setting."""
+    first, *more = load_publics(path, setting)
+    return Verifier(group, first, tuple(more))
 
 
 def shared(group: str, secret: bytes) -> Sealer:

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from netmon import documents
+from netmon.errors import describe_yaml_error
 from netmon.sweep.locate import hostlist
 from netmon.sweep.locate.fabric import ROUTINGS, Fabric, Routing
 
@@ -115,7 +115,10 @@ def load(path: Path, rails: int, routing: Routing = "table") -> Fabric:
     text = path.read_text()
     if "switchname=" in text.lower() or "blockname=" in text.lower():
         return parse_topology(text, rails, routing)
-    document = yaml.safe_load(text)
+    try:
+        document = documents.load(text)
+    except Exception as exc:  # YAMLError (a key twice, say), and what PyYAML's constructors raise
+        raise ValueError(f"{path}: {describe_yaml_error(exc)}") from None
     if not isinstance(document, Mapping):
         raise ValueError(f"{path}: neither a topology.conf nor a fabric file (YAML mapping)")
     return parse_fabric_file(document)
