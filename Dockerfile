@@ -6,8 +6,9 @@
 # torch comes from PyPI as a CUDA build that carries its own CUDA runtime and NCCL libraries, so
 # the base image is the small CUDA "base" flavour: the NVIDIA container runtime adds the driver.
 # TORCH_VERSION and CUDA_IMAGE are pinned together: torch 2.13.0 wheels are built for CUDA 13.0
-# (host driver 580 or newer).
-ARG CUDA_IMAGE=nvidia/cuda:13.0.1-base-ubuntu24.04
+# (host driver 580 or newer). The base is pinned by digest, so a tag moved on the registry cannot
+# change what is built; docs/DEPLOY.md, "Container image", says how to check it and move it.
+ARG CUDA_IMAGE=nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:f8ef28f579ea42a44b415d2c5d46f788e6a9b395c6c83f2929416e1fc192c143
 
 FROM ${CUDA_IMAGE} AS build
 # Distribution packages float with the base image's security updates; pinning them would break
@@ -22,9 +23,19 @@ ARG TORCH_INDEX_URL=""
 RUN python3 -m venv /opt/netmon \
  && /opt/netmon/bin/pip install --no-cache-dir --disable-pip-version-check \
       ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}"
+# Every other dependency from a hash-locked file: a wheel whose contents differ from the lock's,
+# or a dependency missing from it, fails here. torch has no hashes: its CUDA wheels (and the
+# nvidia-* libraries they pull) come from an index chosen at build time (TORCH_INDEX_URL).
+COPY deploy/docker/requirements.lock /src/
+RUN /opt/netmon/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      -r /src/requirements.lock
 COPY pyproject.toml README.md /src/
 COPY netmon /src/netmon
-RUN /opt/netmon/bin/pip install --no-cache-dir --disable-pip-version-check /src \
+# netmon itself with nothing more: its dependencies are in place, setuptools is the lock's, and
+# pip check fails the build if the lock lacks one of them.
+RUN /opt/netmon/bin/pip install --no-cache-dir --disable-pip-version-check --no-deps \
+      --no-build-isolation /src \
+ && /opt/netmon/bin/pip check \
  && /opt/netmon/bin/netmon --help >/dev/null
 
 FROM ${CUDA_IMAGE}

@@ -55,6 +55,7 @@ def render() -> str:
 def values_schema() -> str:
     """values.schema.json with its `config` node made from netmon.yaml's schema."""
     from netmon.config import json_schema
+    from netmon.inspector.settings import DIR_PATTERN
     from netmon.schema import also
 
     schema = json.loads(VALUES_SCHEMA.read_text())
@@ -65,6 +66,10 @@ def values_schema() -> str:
     # means "the default host", as tests/test_helm_values.py renders.
     also({"type": "null"})(config["properties"]["listen"])
     schema["properties"]["config"] = {**words, **config}
+    # The Inspector's hostPath is the daemon's inspector.dir: the same allowed roots, so a
+    # mistyped data volume is refused by `helm install`, not by the pod at its start.
+    host_path = schema["properties"]["inspector"]["properties"]["hostPath"]
+    host_path["pattern"] = DIR_PATTERN
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
 
 

@@ -186,8 +186,8 @@ def bandwidth_row(layout: Layout) -> None:
             "Each series' long level (solid; the median of its last baseline.long_window "
             "conclusive results) and its reference (dotted) over the median of the same series "
             "on the nodes of its GPU model (recording rules fleet:*:median, netmon_node_info). "
-            "Dashed: 85 %, under which NetmonBelowFleet fires where 5 or more nodes measure the "
-            "series. A node alone is its own fleet (100 %).",
+            "Dashed: 85 %, at or under which NetmonBelowFleet fires where 5 or more nodes measure "
+            "the series (75 % where 3 or 4 do). A node alone is its own fleet (100 %).",
             [
                 target(
                     f"instance_series:netmon_busbw_level_bytes_per_second:gpu_model{{{PROBE}}}"

@@ -83,6 +83,17 @@ connect to the pod's address, so every pod would fail its probes and restart. */
 {{- printf "%s:%s" $host $port -}}
 {{- end -}}
 
+{{/* With rdma (hostNetwork), netmon.yaml's wildcard listen is narrowed to the node's address
+(status.hostIP, through NETMON_LISTEN): not every interface of the node, such as a public one. */}}
+{{- define "netmon.listenOnNode" -}}
+{{- if .Values.rdma.enabled -}}
+{{- $host := regexReplaceAll ":[0-9]+$" (include "netmon.listen" .) "" -}}
+{{- if has $host (list "0.0.0.0" "[::]" "::" "") -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* https when the web-config turns on TLS. */}}
 {{- define "netmon.scheme" -}}
 {{- ternary "https" "http" (and (not (empty .Values.webConfig.secretName)) .Values.webConfig.tls) -}}
@@ -93,8 +104,8 @@ connect to the pod's address, so every pod would fail its probes and restart. */
 {{- end -}}
 
 {{/* netmon.yaml: .Values.config with the listen address of service.port, idle.kubelet_socket
-while the guard is on, the sweep's secret while sweeps are on (the daemon takes a node's
-results sealed with it), and the inspector section while NCCL Inspector is on: its dir is
+while the guard is on, the sweep's public key while sweeps are on (the daemon takes only a
+node's results signed with its private key; the shared secret with sweep.sharedSecret), and the inspector section while NCCL Inspector is on: its dir is
 inspector.hostPath, mounted at the same path, the rest inspector.settings. */}}
 {{- define "netmon.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) -}}
@@ -103,7 +114,8 @@ inspector.hostPath, mounted at the same path, the rest inspector.settings. */}}
 {{- $config = merge $config (dict "idle" (dict "kubelet_socket" .Values.kubeletGuard.socket)) -}}
 {{- end -}}
 {{- if .Values.sweep.enabled -}}
-{{- $config = merge $config (dict "sweep" (dict "secret_file" (include "netmon.sweepSecretFile" .))) -}}
+{{- $file := ternary "secret_file" "verify_key_file" .Values.sweep.sharedSecret -}}
+{{- $config = merge $config (dict "sweep" (dict $file (include "netmon.sweepDaemonKey" .))) -}}
 {{- end -}}
 {{- if .Values.inspector.enabled -}}
 {{- $inspector := deepCopy (.Values.inspector.settings | default dict) -}}
@@ -115,6 +127,49 @@ inspector.hostPath, mounted at the same path, the rest inspector.settings. */}}
 
 {{- define "netmon.sweepSecretFile" -}}
 /var/run/secrets/netmon-sweep/secret
+{{- end -}}
+
+{{/* The file each side of a sweep report holds: the sweep signs with the private key, each
+daemon verifies with the public key; with sweep.sharedSecret both seal with the secret. */}}
+{{- define "netmon.sweepDaemonKey" -}}
+{{- if .Values.sweep.sharedSecret -}}
+{{- include "netmon.sweepSecretFile" . -}}
+{{- else -}}
+/var/run/secrets/netmon-sweep/ed25519.pub
+{{- end -}}
+{{- end -}}
+
+{{- define "netmon.sweepSigningKey" -}}
+{{- if .Values.sweep.sharedSecret -}}
+{{- include "netmon.sweepSecretFile" . -}}
+{{- else -}}
+/var/run/secrets/netmon-sweep/ed25519.key
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret each side mounts: the private key's for the sweep, the public key's for the
+daemons; refused where the two are one Secret, since the kubelet of every node running a
+daemon may read what its pods mount, and root on a node can act as its kubelet. */}}
+{{- define "netmon.sweepSecret" -}}
+{{- $s := .root.Values.sweep -}}
+{{- if $s.sharedSecret -}}
+{{- $s.secretName -}}
+{{- else -}}
+{{- $signing := $s.signing | default dict -}}
+{{- if or (not $signing.keySecretName) (not $signing.verifySecretName) -}}
+{{- fail "sweep.signing: set keySecretName and verifySecretName (Secrets with an Ed25519 key pair: deploy/helm/netmon/values.yaml, sweep.signing), or sweep.sharedSecret=true to let any node forge any node's results" -}}
+{{- end -}}
+{{- if eq $signing.keySecretName $signing.verifySecretName -}}
+{{- fail (printf "sweep.signing: keySecretName and verifySecretName are both %s: put the private key in a Secret of its own, which only the sweep's pod mounts" $signing.keySecretName) -}}
+{{- end -}}
+{{- ternary $signing.keySecretName $signing.verifySecretName (eq .side "sweep") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The file in the Inspector root that says netmon may remove pods' directories in it
+(docs/INSPECTOR.md); the pods' directories beside it are named by their pods' UIDs. */}}
+{{- define "netmon.inspectorMarker" -}}
+.netmon-inspector
 {{- end -}}
 
 {{- define "netmon.sweepName" -}}
@@ -150,7 +205,8 @@ imagePullSecrets, by name. */}}
 {{- $pullSecrets = append $pullSecrets .name -}}
 {{- end -}}
 {{- with $pullSecrets }}{{ $_ := set $kube "image_pull_secrets" . }}{{ end -}}
-{{- $sweep := dict "scheduler" "kubernetes" "secret_file" (include "netmon.sweepSecretFile" .) "daemon_port" $port "state_dir" "/var/lib/netmon-sweep" "kubernetes" $kube -}}
+{{- $key := ternary "secret_file" "signing_key_file" $s.sharedSecret -}}
+{{- $sweep := dict "scheduler" "kubernetes" $key (include "netmon.sweepSigningKey" .) "daemon_port" $port "state_dir" "/var/lib/netmon-sweep" "kubernetes" $kube -}}
 {{- if eq (include "netmon.scheme" .) "https" }}{{ $_ := set $sweep "daemon_scheme" "https" }}{{ end -}}
 {{- $config := dict "state_dir" "/var/lib/netmon-sweep" "sweep" (merge $settings $sweep) -}}
 {{- with .Values.config.baseline }}{{ $_ := set $config "baseline" . }}{{ end -}}
@@ -368,6 +424,9 @@ netmon reads it ("90s", "30m", "1h"). */}}
 {{- end -}}
 {{- if eq (toString (int .Values.rdma.port)) $port -}}
 {{- fail (printf "rdma.port and service.port are both %s: give the group's member port another one" $port) -}}
+{{- end -}}
+{{- if and (not .Values.webConfig.secretName) (not .Values.rdma.allowUnauthenticated) -}}
+{{- fail "rdma.enabled serves /metrics on the node's own network (hostNetwork): set webConfig.secretName to a web-config with basic_auth_users (and TLS), or rdma.allowUnauthenticated=true to let anyone who reaches the node read it" -}}
 {{- end -}}
 {{- end -}}
 {{- range .Values.extraArgs -}}
