@@ -1,5 +1,5 @@
 # The README's two commands: `make run` and `make test`. Both set up .venv first.
-.PHONY: setup setup-dev test-deps run test lint bench
+.PHONY: setup setup-dev test-deps run test test-fast lint bench
 
 # Setup takes seconds even with nothing to do (pip resolves every requirement), so it runs only
 # when .venv is missing or older than what it is made from: each stamp file records a finished
@@ -36,6 +36,11 @@ test-deps:
 
 test: test-deps lint
 	.venv/bin/python -m pytest $(ARGS)
+
+# After each edit: the pure tier (no process started; tests/README.md), in minutes. `make test`
+# runs every tier and is what CI and a change's last check run.
+test-fast: $(SETUP_DEV)
+	.venv/bin/python -m pytest -m pure -q $(ARGS)
 
 bench: $(SETUP_DEV)
 	.venv/bin/python bench/probe_vs_loop.py

@@ -1,4 +1,5 @@
-"""Shared test helpers: waiting on conditions with deadlines, and checks that nothing leaked."""
+"""Shared test helpers: waiting on conditions with deadlines, checks that nothing leaked, and the
+suite's tiers (tests/tiers.py: each test marked pure, process or system from what it starts)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
+from tests import tiers
+
 if TYPE_CHECKING:  # the harness imports this module
+    from netmon.probe.forking import Zygote
     from tests.daemon_harness import DaemonProcess
 
 T = TypeVar("T")
@@ -74,3 +78,95 @@ def daemons() -> Iterator[list[DaemonProcess]]:
     for daemon in started:
         if daemon.proc.poll() is None:
             daemon.kill_all()
+
+
+@pytest.fixture
+def zygotes() -> Iterator[list[Zygote]]:
+    """Rank zygotes a test makes (in the test itself: see tests/test_zygote.py), closed after."""
+    made: list[Zygote] = []
+    yield made
+    for zygote in made:
+        zygote.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in tiers.TIERS:
+        config.addinivalue_line("markers", f"{tier}: the {tier} tier, set by tests/tiers.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test with its tier, from what its code and its fixtures call."""
+    for item in items:
+        function = getattr(item, "function", None)
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = {
+            name: [definition.func for definition in definitions]
+            for name, definitions in (info.name2fixturedefs.items() if info else ())
+        }
+        tier = tiers.of_test(function, fixtures)
+        item.add_marker(getattr(pytest.mark, tier))
+        _TIER_OF[item.nodeid] = tier
+
+
+# Each collected test's tier, and the seconds each tier's tests took (setup, call, teardown).
+_TIER_OF: dict[str, str] = {}
+_TIER_SECONDS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = _TIER_OF.get(report.nodeid)
+    if tier is not None:
+        spent = _TIER_SECONDS.setdefault(tier, [0.0, 0.0])
+        spent[0] += report.duration
+        spent[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Tests run and seconds taken per tier: the figures tests/README.md quotes."""
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("tiers")
+    for tier in tiers.TIERS:
+        seconds, count = _TIER_SECONDS.get(tier, [0.0, 0.0])
+        if count:
+            terminalreporter.write_line(f"{tier}: {count:.0f} tests, {seconds:.0f} s")
+
+
+@pytest.fixture(autouse=True)
+def _pure_starts_nothing(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test of the pure tier that starts a process fails, naming it: the tier rules are wrong
+    for it (tests/tiers.py), and `make test-fast` would run it as cheap when it is not."""
+    if request.node.get_closest_marker("pure") is None:
+        yield
+        return
+    started: list[str] = []
+    with pytest.MonkeyPatch.context() as patch:
+        _record_starts(patch, started)
+        yield
+    if started:
+        pytest.fail(f"a pure-tier test started a process ({started[0]}): see tests/tiers.py")
+
+
+def _record_starts(patch: pytest.MonkeyPatch, started: list[str]) -> None:
+    """Record, and let happen, every way the test's code could start a process."""
+    import subprocess
+
+    execute = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> Any:
+        started.append(f"subprocess {args!r:.80}")
+        return execute(self, args, *rest, **kw)
+
+    patch.setattr(subprocess.Popen, "_execute_child", execute_child)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "execv", "execve", "system"):
+        original = getattr(os, name, None)
+        if original is not None:
+            patch.setattr(os, name, _recording(original, f"os.{name}", started))
+
+
+def _recording(original: Callable[..., T], what: str, started: list[str]) -> Callable[..., T]:
+    def call(*args: Any, **kwargs: Any) -> T:
+        started.append(what)
+        return original(*args, **kwargs)
+
+    return call

@@ -15,7 +15,7 @@ from netmon.gpu import compat
 from netmon.gpu.compat import CudaVersion
 from netmon.probe.forking import Zygote
 from tests.gpu_node import SimNode, dgx_h100
-from tests.test_gpu_node import config_for, runner_on, skipped_daemon, zygotes  # noqa: F401 (a fixture)
+from tests.test_gpu_node import config_for, runner_on, skipped_daemon
 
 V = CudaVersion.parse
 
@@ -124,7 +124,7 @@ def test_the_daemon_skips_every_run_with_its_reason_and_starts_no_rank(
 def test_without_the_check_container_pids_would_preempt_every_probe(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    zygotes: list[Zygote],  # noqa: F811
+    zygotes: list[Zygote],
 ) -> None:
     """What the check spares a node: with the PID namespace unchecked, NVML lists the ranks
     under host PIDs netmon does not know, and the probe is stopped as if a job took its GPUs.

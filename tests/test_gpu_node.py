@@ -12,7 +12,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +70,6 @@ def skipped_daemon(
     finally:
         daemon.stop()
     return daemon
-
-
-@pytest.fixture
-def zygotes() -> Iterator[list[Zygote]]:
-    made: list[Zygote] = []
-    yield made
-    for zygote in made:
-        zygote.close()
 
 
 @dataclasses.dataclass

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ SMALL = ProbeSpec(backend="gloo", ranks=2, op="all_reduce", sizes=(8, 1024), ite
 LONG = ProbeSpec(
     backend="gloo", ranks=2, op="all_reduce", sizes=(16 << 20,), iters=500, warmup=1, timeout=60
 )
-
-
-@pytest.fixture
-def zygotes() -> Iterator[list[Zygote]]:
-    made: list[Zygote] = []
-    yield made
-    for zygote in made:
-        zygote.close()
 
 
 def new_zygote(made: list[Zygote], python: str = sys.executable) -> Zygote:

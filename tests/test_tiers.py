@@ -1,0 +1,45 @@
+"""The tier rules (tests/tiers.py): a test's tier follows what it calls, through the suite's own
+helpers, and what its fixtures start."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests import netns, tiers
+
+
+def _plain() -> int:
+    return sum(range(3))
+
+
+def _runs_a_command() -> None:
+    subprocess.run(["true"], check=True)
+
+
+def _calls_a_helper_that_runs_one() -> None:
+    _runs_a_command()
+
+
+def _makes_namespaces() -> None:
+    netns.require_root()
+
+
+def test_a_test_is_at_the_tier_of_what_it_calls_through_the_suites_helpers() -> None:
+    assert tiers.of_function(_plain) == "pure"
+    assert tiers.of_function(_runs_a_command) == "process"
+    assert tiers.of_function(_calls_a_helper_that_runs_one) == "process"
+    assert tiers.of_function(_makes_namespaces) == "system"
+
+
+def test_a_fixture_raises_a_test_to_what_it_starts() -> None:
+    assert tiers.of_test(_plain, {"tmp_path": []}) == "pure"
+    assert tiers.of_test(_plain, {"daemons": []}) == "process"
+    assert tiers.of_test(_plain, {"made": [_makes_namespaces]}) == "system"
+
+
+def test_a_test_that_calls_nothing_is_pure_in_a_module_that_does(
+    request: pytest.FixtureRequest,
+) -> None:
+    assert request.node.get_closest_marker("pure") is not None

@@ -1,0 +1,126 @@
+"""The suite's three tiers, told from what a test starts, never marked by hand (tests/README.md).
+
+- pure: no process; runs in the pytest process, at most with threads and loopback sockets.
+- process: starts processes (ranks, a daemon, the CLI as a subprocess, a fork).
+- system: starts a real system beside them: Slurm, network namespaces, Prometheus, Helm.
+
+A test's tier is the highest of what its fixtures and its module's imports say: a module that
+imports a system harness (or a process-starting module) puts every test in it at that tier. The
+conftest marks each test with its tier, so `pytest -m pure` selects one; and a test the rules call
+pure that starts a process anyway fails naming what it started, so a rule that is wrong shows.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+TIERS = ("pure", "process", "system")
+
+# Fixtures that start something, by the tier of what they start.
+FIXTURES = {
+    "namespaces": "system",
+    "cluster": "system",
+    "slurm": "system",
+    "prometheus": "system",
+    "daemons": "process",
+    "zygotes": "process",
+}
+
+# Modules (or packages) whose use makes a module's tests that tier: the harnesses that start real
+# systems, and what starts processes (the stdlib's process modules, the probe's launcher, rank
+# zygote and builder, the daemon harness).
+MODULES = {
+    "tests.netns": "system",
+    "tests.slurm_cluster": "system",
+    "tests.prometheus_harness": "system",
+    "tests.tools": "system",  # promtool, helm, kubectl, amtool
+    "subprocess": "process",
+    "multiprocessing": "process",
+    "concurrent.futures.process": "process",
+    "tests.daemon_harness": "process",
+    "tests.gpu_node": "process",
+    "tests.group_harness": "process",
+    "tests.terminal": "process",
+    "netmon.probe.launcher": "process",
+    "netmon.probe.zygote": "process",
+    "netmon.probe.build": "process",
+    "netmon.probe.forking": "process",
+    "netmon.probe.starting": "process",
+    "netmon.sweep.ranks": "process",
+    "netmon.sweep.slurm": "process",  # sinfo, srun, scontrol
+}
+
+
+def highest(tiers: Iterable[str]) -> str:
+    return max(tiers, key=TIERS.index, default="pure")
+
+
+def of_module_name(name: str) -> str | None:
+    """The tier a module of this name brings, or None: a package's rule covers its modules."""
+    for prefix, tier in MODULES.items():
+        if name == prefix or name.startswith(prefix + "."):
+            return tier
+    return None
+
+
+def _origin(value: Any) -> str | None:
+    """The module a name in a test module's namespace comes from, where it says."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__
+    origin = getattr(value, "__module__", None)
+    return origin if isinstance(origin, str) else None
+
+
+def _names(code: types.CodeType) -> set[str]:
+    """Every global or attribute name a function's code (and the functions inside it) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+def of_function(function: Any, seen: set[int] | None = None) -> str:
+    """The tier a test (or fixture, or helper) brings by what it calls: the highest of the
+    modules its names come from, following the test suite's own helpers into their code."""
+    seen = set() if seen is None else seen
+    function = getattr(function, "__wrapped__", function)
+    code = getattr(function, "__code__", None)
+    if code is None or id(code) in seen:
+        return "pure"
+    seen.add(id(code))
+    namespace = getattr(function, "__globals__", {})
+    found = []
+    for name in _names(code):
+        if name not in namespace:
+            continue
+        found.append(_of_value(namespace[name], seen))
+    return highest(found)
+
+
+def _of_value(value: Any, seen: set[int]) -> str:
+    origin = _origin(value)
+    if origin is None:
+        return "pure"
+    tier = of_module_name(origin)
+    if tier is not None:
+        return tier
+    if origin == "tests" or origin.startswith("tests."):
+        if isinstance(value, types.FunctionType):
+            return of_function(value, seen)
+        if isinstance(value, type):  # a helper class: what its methods call
+            methods = [m for m in vars(value).values() if isinstance(m, types.FunctionType)]
+            return highest(of_function(m, seen) for m in methods)
+    return "pure"
+
+
+def of_test(function: Any, fixtures: Mapping[str, Iterable[Any]]) -> str:
+    """A test's tier: the highest of what its code calls and of what its fixtures (name to the
+    fixture functions that provide it) start or call."""
+    found = [of_function(function)]
+    for name, providers in fixtures.items():
+        found.append(FIXTURES.get(name, "pure"))
+        found.extend(of_function(provider) for provider in providers)
+    return highest(found)
