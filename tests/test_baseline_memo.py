@@ -13,12 +13,12 @@ import tempfile
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from netmon.baseline import BaselinePolicy, robust
-from netmon.baseline.memo import keyed_on
+from netmon.baseline.memo import Counted, keyed_on
 from netmon.baseline.ordered import Ordered
 from netmon.baseline.track import Track
 from netmon.serve import replay
@@ -101,8 +101,8 @@ def test_kept_figures_equal_the_figures_computed_afresh_after_every_result(
 
 
 class Window:
-    def __init__(self) -> None:
-        self.values: deque[float] = deque(maxlen=3)
+    def __init__(self, values: deque[float] | None = None) -> None:
+        self.values: deque[float] = deque(maxlen=3) if values is None else values
         self.calls = 0
 
     @keyed_on("values")
@@ -111,8 +111,11 @@ class Window:
         return sum(self.values) * (2.0 if scale == "double" else 1.0)
 
 
-def test_a_kept_figure_follows_any_change_in_place_and_other_arguments() -> None:
-    window, once, twice = Window(), "once", "double"
+@pytest.mark.parametrize("values", [deque(maxlen=3), Counted(maxlen=3)], ids=["plain", "counted"])
+def test_a_kept_figure_follows_any_change_in_place_and_other_arguments(
+    values: deque[float],
+) -> None:
+    window, once, twice = Window(values), "once", "double"
     window.values.extend([1.0, 2.0])
     assert window.total(once) == 3.0 and window.total(once) == 3.0 and window.calls == 1
     window.values.append(4.0)  # in place, as the rule appends
@@ -143,3 +146,34 @@ def test_a_window_kept_in_order_is_the_window_sorted_anew_whatever_moved_it() ->
             values = list(window)
             kept, afresh = ordered.of(values), sorted(values)
             assert [v.hex() for v in kept] == [v.hex() for v in afresh], (values, kept)
+
+
+# What a deque offers that reads it and changes nothing; anything else it has changes it, and
+# must be counted (a Python that adds a method to deque fails here until it is).
+READS = {
+    "copy", "count", "index", "maxlen", "__add__", "__bool__", "__class_getitem__",
+    "__contains__", "__copy__", "__eq__", "__ge__", "__getitem__", "__gt__", "__hash__",
+    "__iter__", "__le__", "__len__", "__lt__", "__mul__", "__ne__", "__reduce__",
+    "__repr__", "__reversed__", "__rmul__", "__sizeof__", "__init__", "__new__",
+    "__class__", "__doc__", "__getattribute__", "__subclasshook__",
+}  # fmt: skip
+
+
+def test_a_counted_window_counts_every_change_a_deque_can_make() -> None:
+    changes = {n for n in vars(deque) if n not in READS and callable(getattr(deque, n))}
+    assert changes, "deque's own methods were read"
+    for name in sorted(changes):
+        assert getattr(Counted, name) is not getattr(deque, name), f"{name} is not counted"
+    moves: list[Callable[[deque[float]], object]] = [
+        lambda d: d.append(4.0), lambda d: d.appendleft(4.0), lambda d: d.extend([4.0]),
+        lambda d: d.extendleft([4.0]), lambda d: d.pop(), lambda d: d.popleft(),
+        lambda d: d.remove(2.0), lambda d: d.insert(1, 4.0), lambda d: d.rotate(1),
+        lambda d: d.reverse(), lambda d: d.clear(), lambda d: d.__setitem__(0, 4.0),
+        lambda d: d.__delitem__(0), lambda d: d.__iadd__([4.0]), lambda d: d.__imul__(2),
+        lambda d: cast(Any, d).__init__([4.0]),
+    ]  # fmt: skip
+    for move in moves:
+        window = Window(Counted([1.0, 2.0, 3.0], maxlen=4))
+        before = window.total("once")
+        move(window.values)
+        assert window.total("once") == sum(window.values) and window.calls == 2, before

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from netmon.baseline import robust
 from netmon.baseline.hours import Hours
 from netmon.baseline.lines import Lines
-from netmon.baseline.memo import keyed_on
+from netmon.baseline.memo import Counted, keyed_on
 from netmon.baseline.ordered import Ordered
 from netmon.baseline.policy import BaselinePolicy
 from netmon.baseline.reference import Reference
@@ -113,16 +113,18 @@ class Track:
     @classmethod
     def new(cls, policy: BaselinePolicy) -> Track:
         window, of = policy.window, policy.of
+        # The windows the kept figures read count their changes (memo.Counted): a figure is
+        # keyed on its windows' counts, not on copies of them.
         return cls(
-            learned=deque(maxlen=window),
+            learned=Counted(maxlen=window),
             learned_cv=deque(maxlen=window),
-            older=deque(maxlen=(SPREAD_WINDOWS - 1) * window),
+            older=Counted(maxlen=(SPREAD_WINDOWS - 1) * window),
             recent=deque(maxlen=of),
             healthy=deque(maxlen=of),
             recent_values=deque(maxlen=of),
             noisy_recent=deque(maxlen=of),
-            level=deque(maxlen=policy.level_size),
-            long=deque(maxlen=policy.long_window),
+            level=Counted(maxlen=policy.level_size),
+            long=Counted(maxlen=policy.long_window),
             flaps=deque(maxlen=policy.flap_window),
         )
 
