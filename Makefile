@@ -34,8 +34,10 @@ lint: $(SETUP_DEV)
 test-deps:
 	./scripts/test-deps
 
+# Every tier: what waits two at a time, then the system tier and what measures alone
+# (scripts/test-suite); ARGS given, one pytest run of what they select.
 test: test-deps lint
-	.venv/bin/python -m pytest $(ARGS)
+	./scripts/test-suite $(ARGS)
 
 # After each edit: the pure tier (no process started; tests/README.md), in minutes. `make test`
 # runs every tier and is what CI and a change's last check run.

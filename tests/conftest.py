@@ -92,6 +92,9 @@ def zygotes() -> Iterator[list[Zygote]]:
 def pytest_configure(config: pytest.Config) -> None:
     for tier in tiers.TIERS:
         config.addinivalue_line("markers", f"{tier}: the {tier} tier, set by tests/tiers.py")
+    config.addinivalue_line(
+        "markers", "alone: a test that measures, run alone by make test (tests/tiers.py ALONE)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -105,16 +108,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         }
         tier = tiers.of_test(function, fixtures)
         item.add_marker(getattr(pytest.mark, tier))
-        _TIER_OF[item.nodeid] = tier
+        if getattr(getattr(item, "module", None), "__name__", None) in tiers.ALONE:
+            item.add_marker(pytest.mark.alone)
+        # Carried by every report of the test, so the tiers' figures add up in the process
+        # that reports them (with pytest-xdist, not the one that collected the test).
+        item.user_properties.append(("tier", tier))
 
 
-# Each collected test's tier, and the seconds each tier's tests took (setup, call, teardown).
-_TIER_OF: dict[str, str] = {}
+# The seconds each tier's tests took (setup, call, teardown), and how many ran.
 _TIER_SECONDS: dict[str, list[float]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    tier = _TIER_OF.get(report.nodeid)
+    tier = dict(report.user_properties).get("tier")
     if tier is not None:
         spent = _TIER_SECONDS.setdefault(tier, [0.0, 0.0])
         spent[0] += report.duration

@@ -4,6 +4,7 @@ helpers, and what its fixtures start."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,15 @@ def test_a_test_that_calls_nothing_is_pure_in_a_module_that_does(
     request: pytest.FixtureRequest,
 ) -> None:
     assert request.node.get_closest_marker("pure") is not None
+
+
+def test_every_module_run_alone_is_a_test_module_of_the_suite() -> None:
+    # A module renamed or removed would silently run beside other tests again.
+    suite = Path(__file__).resolve().parent
+    missing = [m for m in sorted(tiers.ALONE) if not (suite / f"{m.split('.')[-1]}.py").is_file()]
+    assert not missing, f"tests/tiers.py ALONE names modules that are not there: {missing}"
+
+
+def test_a_test_of_a_module_run_alone_is_marked_so(request: pytest.FixtureRequest) -> None:
+    assert request.node.get_closest_marker("alone") is None  # this module is not one of them
+    assert "tests.test_sim" in tiers.ALONE  # the pairs' busbw that failed on a busy machine

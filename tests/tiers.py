@@ -53,6 +53,37 @@ MODULES = {
 }
 
 
+# Modules whose tests measure: they assert on wall time, CPU time or share, a host's load or a
+# measured bandwidth (a pair's busbw against its class), so another test beside them on the same
+# cores could fail them. `make test` (scripts/test-suite) runs them alone, with the system tier,
+# after the rest has run two at a time; listed by hand, as what a test asserts is not in the
+# names it uses.
+ALONE = {
+    "tests.test_auth_flood",  # legitimate scrapes answered within seconds under 700 guessers
+    "tests.test_bench_daemon_smoke",  # the daemon's duty cycle and memory
+    "tests.test_bench_inspector_smoke",
+    "tests.test_bench_noise_smoke",  # false series with the load on and off
+    "tests.test_bench_replay_smoke",  # CPU seconds of a replay
+    "tests.test_bench_smoke",
+    "tests.test_bench_zygote_smoke",  # a fork against a spawn
+    "tests.test_cli_probe",  # 50 rounds within 20 s
+    "tests.test_clock",  # probes' intervals across clock steps
+    "tests.test_daemon",  # a scrape within 5 s of a hung probe
+    "tests.test_faults",  # scrapes stay fast while a rank is stopped
+    "tests.test_http_hostile",  # timeouts within a second of their setting
+    "tests.test_inspector",  # CPU time of a read
+    "tests.test_kubelet",  # answers within 2 s
+    "tests.test_probe_engine",  # a hung probe killed within its timeout + 5 s
+    "tests.test_signal",  # the host's own CPU share, made busy on purpose
+    "tests.test_sim",  # 28 pairs' busbw against their class median
+    "tests.test_soak_short",  # growth over 45 s of one-second probes
+    "tests.test_sweep_inbox",  # an answer within 4 s
+    "tests.test_sweep_plan",  # a plan of 1,024 nodes within 5 s
+    "tests.test_webconfig",  # a handshake within 1.5 s
+    "tests.test_zygote",  # a forked rank's start, a deadline then a spawn
+}
+
+
 def highest(tiers: Iterable[str]) -> str:
     return max(tiers, key=TIERS.index, default="pure")
 
