@@ -121,7 +121,7 @@ _TIER_SECONDS: dict[str, list[float]] = {}
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     tier = dict(report.user_properties).get("tier")
-    if tier is not None:
+    if isinstance(tier, str):
         spent = _TIER_SECONDS.setdefault(tier, [0.0, 0.0])
         spent[0] += report.duration
         spent[1] += report.when == "call"

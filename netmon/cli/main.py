@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import sys
 import textwrap
 from collections.abc import Generator, Sequence
@@ -292,7 +293,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _simulate(getattr(args, "simulate", None))
-        return int(args.handler(args))
+        code = int(args.handler(args))
+        sys.stdout.flush()  # a reader gone shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe or socket of the command's: a real failure
+        # `netmon replay F --json | head -1`: the reader had what it wanted. Quiet, as cat
+        # is, and with the status of the work done, not netmon's "unhealthy" (1).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except UsageError as exc:
         print(f"netmon: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -301,3 +311,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_COULD_NOT_RUN
     except KeyboardInterrupt:
         return 130
+
+
+def _stdout_closed() -> bool:
+    """Whether nothing reads standard output any more: the write end of a pipe whose reader
+    closed polls as an error (POLLERR; a socket's as hung up)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError, AttributeError):  # no file descriptor, or not pollable
+        return False
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in events)
