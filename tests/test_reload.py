@@ -79,3 +79,38 @@ def test_a_bad_reload_keeps_the_old_configuration_and_a_good_one_applies(
         assert counted is not None, reason
     assert daemon.stop() == 0
     assert daemon.tagged_processes() == []
+
+
+def _reloads(daemon: DaemonProcess) -> int:
+    return daemon.log().count("configuration reloaded")
+
+
+def test_a_reload_that_leaves_a_probes_schedule_keeps_its_next_run(tmp_path: Path) -> None:
+    # An hourly probe that has run once: a SIGHUP with the file unchanged, then with the other
+    # probe's sizes changed, must not run it again; one given another interval starts afresh.
+    hourly = {"name": "hourly", "sizes": [8], "interval": "1h", "iters": 2, "warmup": 0}
+    config = fast_config(tmp_path)
+    config["probes"] = [config["probes"][0], hourly]
+    process = DaemonProcess(tmp_path, config)
+    try:
+        wait_until(lambda: runs(process, "hourly") == 1 and runs(process, "small") >= 1, 60, "runs")
+        for edit in ({}, {"probes": [{**config["probes"][0], "sizes": [8]}, hourly]}):
+            process.config_path.write_text(yaml.safe_dump({**config, **edit}))
+            reloads = _reloads(process)
+            hangup(process)
+            wait_until(lambda r=reloads: _reloads(process) > r, 20, "a reload")
+            # The small probe's runs are the clock: 3 more (3 s and more), where a rescheduled
+            # hourly probe would have run at 1 s.
+            small = runs(process, "small")
+            wait_until(lambda s=small: runs(process, "small") >= s + 3, 60, "three more small runs")
+            assert runs(process, "hourly") == 1, edit
+        moved = {**hourly, "interval": "30m"}
+        process.config_path.write_text(
+            yaml.safe_dump({**config, "probes": [config["probes"][0], moved]})
+        )
+        hangup(process)
+        wait_until(lambda: runs(process, "hourly") == 2, 60, "the rescheduled probe to run")
+        assert process.stop() == 0
+    finally:
+        if process.proc.poll() is None:
+            process.kill_all()

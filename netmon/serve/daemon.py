@@ -38,6 +38,7 @@ from netmon.logs import event
 from netmon.probe.build import SpecError, build_spec
 from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
+from netmon.serve import schedules
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
 from netmon.serve.jobs_traffic import JOB_ID as INSPECTOR_JOB
@@ -302,8 +303,11 @@ class Daemon:
         self._add_jobs(scheduler, self.config)
         return scheduler
 
-    def _add_jobs(self, scheduler: SteadyScheduler, config: NetmonConfig) -> None:
-        now = time.time()
+    def _add_jobs(
+        self, scheduler: SteadyScheduler, config: NetmonConfig, due: dict[str, object] | None = None
+    ) -> None:
+        """The probes' and readers' jobs; `due` (by job id) are next runs a reload keeps."""
+        now, due = time.time(), due or {}
         # Group probes are scheduled by the group's leader (netmon.serve.coordinator), not here.
         probes = tuple(p for p in config.probes or () if p.scope == "local")
         for number, probe in enumerate(probes):
@@ -316,7 +320,7 @@ class Daemon:
                 # A late run is still worth doing, but only once (coalesce) and not too late.
                 misfire_grace_time=max(1, int(probe.interval)),
                 # Staggered first runs, so the node's first numbers arrive within seconds.
-                next_run_time=_utc(now + FIRST_RUN_DELAY_S + number * 0.5),
+                next_run_time=due.get(probe.name) or _utc(now + FIRST_RUN_DELAY_S + number * 0.5),
             )
         every = config.link_telemetry.interval
         if self.telemetry is not None and every > 0:
@@ -326,7 +330,8 @@ class Daemon:
                 id=TELEMETRY_JOB,
                 name="link telemetry",
                 misfire_grace_time=max(1, int(every)),
-                next_run_time=_utc(now),  # the first reading at once, before any probe
+                # The first reading at once, before any probe.
+                next_run_time=due.get(TELEMETRY_JOB) or _utc(now),
             )
         if self.jobs_traffic is not None and config.inspector is not None:
             scheduler.add_job(
@@ -335,7 +340,7 @@ class Daemon:
                 id=INSPECTOR_JOB,
                 name="jobs' NCCL Inspector files",
                 misfire_grace_time=max(1, int(config.inspector.interval)),
-                next_run_time=_utc(now + FIRST_RUN_DELAY_S),
+                next_run_time=due.get(INSPECTOR_JOB) or _utc(now + FIRST_RUN_DELAY_S),
             )
 
     def reload(self) -> bool:
@@ -364,9 +369,14 @@ class Daemon:
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
             return False
+        timetable = (
+            schedules.of(self.config, TELEMETRY_JOB, INSPECTOR_JOB),
+            schedules.of(new, TELEMETRY_JOB, INSPECTOR_JOB),
+            {job.id: job.next_run_time for job in self.scheduler.get_jobs()},
+        )
         self.current.publish(new)  # the runner, results and coordinator read it from here
         self.scheduler.remove_all_jobs()
-        self._add_jobs(self.scheduler, new)
+        self._add_jobs(self.scheduler, new, schedules.kept(*timetable))
         self.results.reloaded(True)
         event(log, "configuration reloaded", probes=", ".join(p.name for p in new.probes or ()))
         return True
