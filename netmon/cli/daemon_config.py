@@ -33,13 +33,9 @@ def load_daemon_config(args: argparse.Namespace) -> Any:
         if v
     }
     path = getattr(args, "config", None) or getattr(args, "file", None)
-    config = cfg.load_config(path)
-    if overrides or logging_over:
-        document = config.model_dump(mode="json", exclude_unset=True)
-        document.update(overrides)
-        if logging_over:
-            document["logging"] = {**document.get("logging", {}), **logging_over}
-        config = cfg.parse_config(document, "command line")
+    if logging_over:
+        overrides["logging"] = logging_over
+    config = cfg.load_config(path, flags=overrides)
     gpus = gpu_count() if config.backend != "gloo" else 0
     mig = mig_gpus() if gpus and config.devices is None else ()
     if mig and len(mig) < gpus:

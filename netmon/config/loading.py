@@ -93,8 +93,15 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> NetmonConfig:
-    """The file (or the defaults), with NETMON_ overrides applied, validated."""
+def load_config(
+    path: Path | None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> NetmonConfig:
+    """The file (or the defaults), with NETMON_ overrides and then the command line's `flags`
+    (settings by name; a mapping's keys merged into the file's mapping) applied, validated once:
+    the file's own text is judged, never numbers it parsed to (`min_busbw: 1K` is 1000 bytes/s,
+    which unit-less reads as a mistake)."""
     document = load_document(path)
     source = str(path) if path else "defaults"
     for keys, value in envvars.overrides(os.environ if environ is None else environ):
@@ -104,6 +111,13 @@ def load_config(path: Path | None, environ: Mapping[str, str] | None = None) -> 
             source = f"{source} + environment"
         else:
             envvars.warn_if_misspelt(env_name, keys[0], _ENV_ROOTS)
+    for name, value in (flags or {}).items():
+        given = document.get(name)
+        if isinstance(value, Mapping) and isinstance(given, Mapping):
+            value = {**given, **value}
+        document[name] = value
+    if flags:
+        source = f"{source} + command line"
     return parse_config(document, source)
 
 
