@@ -113,6 +113,40 @@ def test_a_usage_error_is_one_line_naming_the_help_to_read(
     assert err.rstrip().endswith(hint), err
 
 
+@pytest.mark.parametrize(
+    ("argv", "instead"),
+    [
+        (["probe", "-c", "1"], "-c (--check) here"),
+        (["probe", "--ranks", "1", "-c", "1"], "-c (--check) here"),  # the first 1 is a value
+        (["probe", "-z", "1"], "-z (--per-op)"),
+        (["probe", "-g", "8"], "--ranks N"),
+        (["probe", "-d", "float"], "--dtype"),
+        (["probe", "-o", "sum"], "reduces with sum"),
+        (["probe", "-t", "2"], "--ranks N"),
+        (["probe", "-a", "1"], "--rank-stat"),
+        (["probe", "-G", "1"], "--cuda-graph"),
+        (["probe", "-T", "60"], "--timeout"),
+    ],
+)
+def test_an_nccl_tests_flag_gets_a_one_line_hint_naming_netmons(
+    argv: list[str], instead: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli_main.main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1, err
+    assert "nccl-tests' " + argv[-2] in err and instead in err, err
+    assert err.rstrip().endswith("(see netmon probe --help)"), err
+
+
+def test_an_unknown_value_after_a_flag_netmon_knows_gets_no_hint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        cli_main.main(["probe", "--ranks", "2", "7"])
+    assert "nccl-tests" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["serve", "--liste", "0.0.0.0:1"], ["probe", "--siz", "8"]])
 def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_one(argv: list[str]) -> None:
     # The chart refuses --listen and --config in extraArgs by their full names; an abbreviation

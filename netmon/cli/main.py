@@ -10,7 +10,7 @@ import os
 import select
 import sys
 import textwrap
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -91,15 +91,30 @@ class _Parser(argparse.ArgumentParser):
 
 class _CommandParser(_Parser):
     """A command's parser says itself which of its arguments it does not know, so that the hint
-    names the command's help rather than netmon's."""
+    names the command's help rather than netmon's; and where one is a flag of another tool that
+    the command stands in for (`hints`: nccl-tests' for `probe`), what to give instead."""
+
+    hints: Mapping[str, str] = {}
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extra = super().parse_known_args(args, namespace)
         if extra:
-            self.error(f"unrecognized arguments: {' '.join(extra)}")
+            hint = _hint(self.hints, list(sys.argv[1:] if args is None else args), extra)
+            self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
         return parsed, extra
+
+
+def _hint(hints: Mapping[str, str], args: list[str], extra: list[str]) -> str:
+    """The hint for the first unknown argument that is one of `hints`' flags, or the value
+    given to one that takes none here (`-c 1`: the 1 is unknown, -c was taken)."""
+    for token in extra:
+        before = [args[at - 1] for at, given in enumerate(args) if given == token and at > 0]
+        flag = next((f for f in [token.split("=", 1)[0], *before] if f in hints), None)
+        if flag is not None:
+            return f" ({hints[flag]})"
+    return ""
 
 
 def _add_daemon_parsers(commands: Any) -> None:

@@ -18,6 +18,20 @@ from netmon.errors import CouldNotRun, UsageError
 from netmon.probe.launcher import run_probe
 from netmon.probe.spec import ProbeOutcome
 
+# nccl-tests' flags that netmon probe spells otherwise or does not take: the one-line hint an
+# unknown argument gets (nccl-tests' README, "Arguments").
+NCCL_TESTS_HINTS = {
+    "-c": "nccl-tests' -c 0/1 is -c (--check) here, given alone",
+    "-z": "nccl-tests' -z 0/1 is -z (--per-op) here, given alone",
+    "-g": "nccl-tests' -g (GPUs per thread) is --ranks N here, one rank per GPU, or --devices",
+    "-t": "nccl-tests' -t (threads) has no counterpart: --ranks N starts one process per GPU",
+    "-d": "nccl-tests' -d (datatype) is --dtype here: float32, bfloat16 or float16",
+    "-o": "nccl-tests' -o (reduction) is not taken: netmon reduces with sum, nccl-tests' default",
+    "-a": "nccl-tests' -a (the ranks' figure) is --rank-stat here: max, mean or min",
+    "-G": "nccl-tests' -G (CUDA graph launches) is --cuda-graph auto or off here",
+    "-T": "nccl-tests' -T (timeout) is --timeout here: 300s, 5m",
+}
+
 
 def add_parser(commands: Any) -> None:
     probe = commands.add_parser(
@@ -25,6 +39,7 @@ def add_parser(commands: Any) -> None:
         help="run collectives once and print nccl-tests-style results",
         description="Run a collective sweep in fresh rank processes, like nccl-tests.",
     )
+    probe.hints = NCCL_TESTS_HINTS
     probe.add_argument(
         "--backend",
         choices=("nccl", "gloo"),
