@@ -278,6 +278,16 @@ def test_textfile_is_prometheus_text_written_atomically(tmp_path: Path) -> None:
         str(tmp_path / "missing" / "x.prom"),
     )
     assert unwritable.returncode == 2 and "--textfile" in unwritable.stderr
+    assert "warning" not in done.stderr + unwritable.stderr  # both end in .prom
+    # A name node_exporter's collector never reads: written, with a warning first; and with no
+    # --backend (gloo here) under -q, nothing else on stderr.
+    unread = run(
+        "probe", "--sizes", "8", "-n", "1", "-q",
+        "--textfile", str(tmp_path / "netmon.txt"),
+    )  # fmt: skip
+    assert unread.returncode == 0 and (tmp_path / "netmon.txt").is_file(), unread.stderr
+    assert unread.stderr.startswith("netmon: warning: --textfile ") and ".prom" in unread.stderr
+    assert unread.stderr.count("\n") == 1, unread.stderr
 
 
 def test_textfile_labels_each_path_variant_with_its_own_path(tmp_path: Path) -> None:

@@ -20,3 +20,16 @@ EXIT_CODES = (
     ),
     (EXIT_UNDECIDED, "netmon sweep: a failure it could neither name nor clear"),
 )
+
+
+def textfile_warning(path: object) -> str | None:
+    """The warning a --textfile PATH gets where node_exporter's textfile collector would never
+    read it: the collector takes only files named *.prom (node_exporter's README, "Textfile
+    Collector"). Written anyway: another reader may want that name."""
+    name = str(path)
+    if name.endswith(".prom"):
+        return None
+    return (
+        f"netmon: warning: --textfile {name}: node_exporter's textfile collector reads only "
+        "files ending in .prom; written anyway"
+    )

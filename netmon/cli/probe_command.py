@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from netmon import bandwidth
-from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report, table
+from netmon.cli import EXIT_GATE, EXIT_OK, EXIT_PROBE_FAILED, report, table, textfile_warning
 from netmon.cli.probe_request import rank_zygote, request_from
 from netmon.cli.progress import REPORT_EVERY_S, Progress
 from netmon.errors import CouldNotRun, UsageError
@@ -200,6 +200,8 @@ def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
+        print(warning, file=sys.stderr)  # before the measuring, not after it
     min_busbw = None
     if args.min_busbw is not None:
         try:
@@ -214,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     specs = request.specs()
     if getattr(args, "nccl_missing", None):
         raise CouldNotRun(f"--backend nccl: no usable GPU: {args.nccl_missing}; or --backend gloo")
-    if getattr(args, "announce", None):
+    if getattr(args, "announce", None) and not args.quiet:  # -q: nothing but the results
         print(args.announce, file=sys.stderr)
     if args.pairs:
         from netmon.cli.probe_pairs import run_pairs

@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from netmon.cli import EXIT_COULD_NOT_RUN, EXIT_GATE, EXIT_OK, EXIT_UNDECIDED, table
+from netmon.cli import (
+    EXIT_COULD_NOT_RUN,
+    EXIT_GATE,
+    EXIT_OK,
+    EXIT_UNDECIDED,
+    table,
+    textfile_warning,
+)
 from netmon.errors import UsageError
 
 EXIT_NO_SWEEP = EXIT_COULD_NOT_RUN  # 3
@@ -103,6 +110,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from netmon.sweep.scheduler import exiting_on_signals
 
     config, settings, directory = _settings(args)
+    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
+        print(warning, file=sys.stderr)
     sweep_id = new_sweep_id()
     scheduler, partition = _scheduler(args, settings, sweep_id)
     secret = _secret(settings)
