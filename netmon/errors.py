@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -13,7 +14,12 @@ class UsageError(Exception):
 
 
 class ConfigError(UsageError):
-    """A configuration that cannot be used; the message is one line naming the field."""
+    """A configuration that cannot be used; the message is one line naming the field, the first
+    wrong one; `others` names the rest, a line each (`netmon check-config` lists them all)."""
+
+    def __init__(self, message: str, others: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.others = tuple(others)
 
 
 class CouldNotRun(Exception):
@@ -34,17 +40,21 @@ def field_path(location: tuple[int | str, ...]) -> str:
 
 def describe_validation_error(exc: ValidationError, names: Mapping[str, str] | None = None) -> str:
     """The first error as "FIELD: what was wrong (got VALUE)", with fields renamed by `names`."""
-    first = exc.errors(include_url=False)[0]
-    location = tuple(part for part in first["loc"] if not str(part).startswith("function-"))
+    errors = exc.errors(include_url=False)
+    tail = f" [and {len(errors) - 1} more]" if len(errors) > 1 else ""
+    return describe_one_error(errors[0], names) + tail
+
+
+def describe_one_error(error: Mapping[str, Any], names: Mapping[str, str] | None = None) -> str:
+    """One of a ValidationError's errors as "FIELD: what was wrong (got VALUE)"."""
+    location = tuple(part for part in error["loc"] if not str(part).startswith("function-"))
     path = field_path(location)
     if names and path in names:
         path = names[path]
-    message = str(first["msg"]).removeprefix("Value error, ")
-    got = first.get("input")
+    message = str(error["msg"]).removeprefix("Value error, ")
+    got = error.get("input")
     shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-    more = len(exc.errors())
-    tail = f" [and {more - 1} more]" if more > 1 else ""
-    return f"{path}: {message}{shown}{tail}".replace("\n", " ")
+    return f"{path}: {message}{shown}".replace("\n", " ")
 
 
 def describe_yaml_error(exc: Exception, *, quote: bool = True) -> str:

@@ -108,7 +108,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         }
         tier = tiers.of_test(function, fixtures)
         item.add_marker(getattr(pytest.mark, tier))
-        if getattr(getattr(item, "module", None), "__name__", None) in tiers.ALONE:
+        module = getattr(getattr(item, "module", None), "__name__", None)
+        if tiers.alone(module, getattr(item, "originalname", None)):
             item.add_marker(pytest.mark.alone)
         # Carried by every report of the test, so the tiers' figures add up in the process
         # that reports them (with pytest-xdist, not the one that collected the test).

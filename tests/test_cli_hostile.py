@@ -289,7 +289,17 @@ def check_config(path: Path) -> None:
     if code == 0:  # a random document can be valid, with every field defaulted
         assert err.startswith("# OK") and yaml.safe_load(out) is not None
         return
-    assert_usage_error(argv, code, err, {str(path)})
+    assert_config_errors(argv, code, err, str(path))
+
+
+def assert_config_errors(argv: list[str], code: int, err: str, path: str) -> None:
+    """check-config's refusal: every error a line, each naming the file; the first says how
+    many more follow (the daemon's own refusal is that first line alone)."""
+    lines = err.split("\n")[:-1]
+    assert code == 2 and "Traceback" not in err and err.endswith("\n"), (argv, code, err)
+    more = re.search(r" \[and (\d+) more\]$", lines[0]) if lines else None
+    assert len(lines) == 1 + (int(more.group(1)) if more else 0), (argv, err)
+    assert all(line.startswith("netmon: ") and path in line for line in lines), (argv, err)
 
 
 def test_check_config_of_a_missing_file(folder: Path) -> None:

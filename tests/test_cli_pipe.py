@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from netmon.cli import EXIT_READER_GONE, replay_command
 from netmon.cli import main as main_module
-from netmon.cli import replay_command
 
 SERIES = {"probe": "large", "op": "all_reduce", "size": 268435456, "ranks": 8, "path": "default"}
 
@@ -54,6 +54,15 @@ def test_a_reader_gone_ends_the_command_quietly_with_exit_0(command: str, tmp_pa
     )
     done = _run_into_a_closed_pipe(argv)
     assert done.stderr == b"" and done.returncode == 0, (done.returncode, done.stderr[-600:])
+
+
+def test_a_gates_reader_gone_before_its_verdict_is_never_a_pass() -> None:
+    # netmon probe --min-busbw as a health gate, piped to head: its verdict was never given,
+    # so it exits as a process that SIGPIPE killed, never 0 (nor 1, "unhealthy").
+    argv = ["probe", "--backend", "gloo", "--sizes", "8", "-n", "1", "-q", "--min-busbw", "1K"]
+    done = _run_into_a_closed_pipe(argv)
+    assert done.returncode == EXIT_READER_GONE == 141, (done.returncode, done.stderr[-600:])
+    assert b"Traceback" not in done.stderr
 
 
 def test_a_broken_pipe_of_another_kind_is_not_taken_for_a_reader_gone(

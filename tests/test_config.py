@@ -584,3 +584,24 @@ def test_an_environment_mapping_with_a_key_twice_names_the_variable() -> None:
         "NETMON_IDLE: not valid YAML: duplicate key 'max_utilization' at lines 1 and 1; "
         "keep one of them"
     )
+
+
+def test_check_config_lists_every_error_a_line_each_and_serve_names_the_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from netmon.cli.main import main
+
+    path = tmp_path / "netmon.yaml"
+    path.write_text(
+        "listen: nowhere\nprobes:\n  - name: small\n    sizes: [8]\n    interval: soon\n"
+        "    bogus: 1\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"netmon: {path}: ") for line in lines), lines
+    assert "listen:" in lines[0] and lines[0].endswith("[and 2 more]")
+    assert "probes[0].interval:" in lines[1] and "probes[0].bogus: unknown setting" in lines[2]
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, environ={})
+    assert str(refused.value) == lines[0].removeprefix("netmon: ")  # the daemon: one line
+    assert refused.value.others == tuple(line.removeprefix("netmon: ") for line in lines[1:])

@@ -53,11 +53,12 @@ MODULES = {
 }
 
 
-# Modules whose tests measure: they assert on wall time, CPU time or share, a host's load or a
-# measured bandwidth (a pair's busbw against its class), so another test beside them on the same
-# cores could fail them. `make test` (scripts/test-suite) runs them alone, with the system tier,
-# after the rest has run two at a time; listed by hand, as what a test asserts is not in the
-# names it uses.
+# Tests that measure: they assert on wall time, CPU time or share, a host's load or a measured
+# bandwidth (a pair's busbw against its class), so another test beside them on the same cores
+# could fail them. `make test` (scripts/test-suite) runs them alone, with the system tier, after
+# the rest has run two at a time. A module's name takes every test in it; "module::test" one
+# test (each of its parameters). Listed by hand, as what a test asserts is not in the names it
+# uses: a test that asserts on time belongs here.
 ALONE = {
     "tests.test_auth_flood",  # legitimate scrapes answered within seconds under 700 guessers
     "tests.test_bench_daemon_smoke",  # the daemon's duty cycle and memory
@@ -66,22 +67,32 @@ ALONE = {
     "tests.test_bench_replay_smoke",  # CPU seconds of a replay
     "tests.test_bench_smoke",
     "tests.test_bench_zygote_smoke",  # a fork against a spawn
-    "tests.test_cli_probe",  # 50 rounds within 20 s
     "tests.test_clock",  # probes' intervals across clock steps
-    "tests.test_daemon",  # a scrape within 5 s of a hung probe
     "tests.test_faults",  # scrapes stay fast while a rank is stopped
     "tests.test_http_hostile",  # timeouts within a second of their setting
-    "tests.test_inspector",  # CPU time of a read
-    "tests.test_kubelet",  # answers within 2 s
-    "tests.test_probe_engine",  # a hung probe killed within its timeout + 5 s
     "tests.test_signal",  # the host's own CPU share, made busy on purpose
     "tests.test_sim",  # 28 pairs' busbw against their class median
     "tests.test_soak_short",  # growth over 45 s of one-second probes
-    "tests.test_sweep_inbox",  # an answer within 4 s
-    "tests.test_sweep_plan",  # a plan of 1,024 nodes within 5 s
-    "tests.test_webconfig",  # a handshake within 1.5 s
-    "tests.test_zygote",  # a forked rank's start, a deadline then a spawn
-}
+    # Within a limit of seconds:
+    "tests.test_cli_probe::test_plot_without_matplotlib_fails_before_measuring_with_a_hint_that_works",
+    "tests.test_daemon::test_sigterm_while_the_rank_zygote_starts_does_not_wait_for_its_import",
+    "tests.test_inspector::test_a_1_gib_file_is_never_read_whole",  # CPU seconds
+    "tests.test_kubelet::test_a_stalled_kubelet_is_given_up_at_the_timeout",
+    "tests.test_kubelet::test_a_stalled_pod_list_is_given_up_at_the_timeout",
+    "tests.test_probe_engine::test_a_stopped_rank_fails_the_probe_within_its_deadline_and_leaves_nothing",
+    "tests.test_probe_engine::test_a_killed_rank_fails_the_probe_naming_it_and_leaves_nothing",
+    "tests.test_probe_engine::test_abort_request_stops_the_probe_quickly",
+    "tests.test_sweep_inbox::test_post_sweep_hands_the_body_to_the_callback_and_answers_its_line",
+    "tests.test_sweep_plan::test_a_round_of_a_thousand_nodes_is_planned_and_judged_in_well_under_seconds",
+    "tests.test_webconfig::test_a_silent_client_does_not_stall_other_handshakes",
+    "tests.test_zygote::test_stopping_a_zygote_while_it_starts_does_not_wait_for_its_import",
+    "tests.test_zygote::test_a_stopped_zygote_is_killed_and_the_probe_runs_spawned",
+}  # fmt: skip
+
+
+def alone(module: str | None, test: str | None) -> bool:
+    """Whether the test `test` (its name without parameters) of `module` measures."""
+    return module in ALONE or f"{module}::{test}" in ALONE
 
 
 def highest(tiers: Iterable[str]) -> str:

@@ -5,6 +5,7 @@ One exit-code table for every command (EXIT_CODES, printed by `netmon --help`).
 
 EXIT_OK, EXIT_GATE, EXIT_USAGE, EXIT_COULD_NOT_RUN, EXIT_UNDECIDED = 0, 1, 2, 3, 4
 EXIT_PROBE_FAILED = EXIT_COULD_NOT_RUN  # a probe that could not finish could not run
+EXIT_READER_GONE = 128 + 13  # 141: as a shell shows a process that SIGPIPE killed
 
 EXIT_CODES = (
     (EXIT_OK, "ok (healthy; the command did what it was asked)"),
@@ -19,6 +20,11 @@ EXIT_CODES = (
         "could not finish, a selftest stopped early, a sweep without its scheduler",
     ),
     (EXIT_UNDECIDED, "netmon sweep: a failure it could neither name nor clear"),
+    (
+        EXIT_READER_GONE,
+        "the output's reader went away (| head) before a gate's verdict, as a shell shows a "
+        "process SIGPIPE killed; replay, check-config and topo exit 0 then",
+    ),
 )
 
 

@@ -20,6 +20,7 @@ from netmon.cli import (
     EXIT_CODES,
     EXIT_COULD_NOT_RUN,
     EXIT_OK,
+    EXIT_READER_GONE,
     EXIT_USAGE,
     probe_command,
     rebaseline_command,
@@ -29,7 +30,7 @@ from netmon.cli import (
     topo_command,
 )
 from netmon.cli.daemon_config import load_daemon_config
-from netmon.errors import CouldNotRun, UsageError
+from netmon.errors import ConfigError, CouldNotRun, UsageError
 
 if TYPE_CHECKING:
     from netmon.config import NetmonConfig
@@ -58,6 +59,11 @@ Documentation: README.md and docs/ in netmon's source tree.""".format(
         for code, text in EXIT_CODES
     )
 )
+
+
+# Commands whose exit status carries no verdict: a reader gone ends them with 0. Every other
+# one (probe's --min-busbw, selftest, sweep) is a gate, and ends with EXIT_READER_GONE.
+NO_VERDICT_COMMANDS = frozenset({"replay", "check-config", "topo"})
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -227,7 +233,14 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     if args.schema:
         print(json.dumps(cfg.json_schema(), indent=2))
         return EXIT_OK
-    config, _ = load_daemon_config(args)
+    try:
+        config, _ = load_daemon_config(args)
+    except ConfigError as exc:
+        # Every error, a line each: a file is mended in one pass, not one run per mistake
+        # (the daemon's own refusal names the first, and how many more).
+        for line in (str(exc), *exc.others):
+            print(f"netmon: {line}", file=sys.stderr)
+        return EXIT_USAGE
     if config.group is not None:
         from netmon.group.keys import load_keys
 
@@ -315,9 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not _stdout_closed():
             raise  # another pipe or socket of the command's: a real failure
         # `netmon replay F --json | head -1`: the reader had what it wanted. Quiet, as cat
-        # is, and with the status of the work done, not netmon's "unhealthy" (1).
+        # is; exit 0 where the status says only that the command ran, and a gate's reader gone
+        # before its verdict exits as a process killed by SIGPIPE does: never a pass.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return EXIT_OK if args.command in NO_VERDICT_COMMANDS else EXIT_READER_GONE
     except UsageError as exc:
         print(f"netmon: {exc}", file=sys.stderr)
         return EXIT_USAGE

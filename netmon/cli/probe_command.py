@@ -200,8 +200,6 @@ def _gate(outcomes: Sequence[ProbeOutcome], min_busbw: float) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
-        print(warning, file=sys.stderr)  # before the measuring, not after it
     min_busbw = None
     if args.min_busbw is not None:
         try:
@@ -218,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
         raise CouldNotRun(f"--backend nccl: no usable GPU: {args.nccl_missing}; or --backend gloo")
     if getattr(args, "announce", None) and not args.quiet:  # -q: nothing but the results
         print(args.announce, file=sys.stderr)
+    # Once every flag is known to be valid (a usage error stays one line), before the measuring.
+    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
+        print(warning, file=sys.stderr)
     if args.pairs:
         from netmon.cli.probe_pairs import run_pairs
 

@@ -110,12 +110,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from netmon.sweep.scheduler import exiting_on_signals
 
     config, settings, directory = _settings(args)
-    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
-        print(warning, file=sys.stderr)
     sweep_id = new_sweep_id()
     scheduler, partition = _scheduler(args, settings, sweep_id)
     secret = _secret(settings)
     auth = _basic_auth(settings)
+    # Once the flags and settings are known to be valid: a usage error stays one line.
+    if args.textfile is not None and (warning := textfile_warning(args.textfile)):
+        print(warning, file=sys.stderr)
     try:
         with exiting_on_signals(), history.exclusive(directory):
             whole = _sweep(args, config, settings, directory, scheduler, partition, secret, auth)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from netmon import documents, envvars
 from netmon.config.models import NetmonConfig
-from netmon.errors import ConfigError, describe_validation_error, describe_yaml_error, field_path
+from netmon.errors import ConfigError, describe_one_error, describe_yaml_error, field_path
 
 # Only settings users set from the environment; anything else NETMON_* is left alone (e.g.
 # NETMON_CONFIG, read by the CLI).
@@ -73,19 +73,26 @@ def parse_config(document: Mapping[str, Any], source: str = "config") -> NetmonC
     try:
         return NetmonConfig.model_validate(document)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        message = describe_validation_error(exc)
-        if first["type"] == "extra_forbidden":
-            accepted = _accepted_fields(tuple(first["loc"]))
-            where = field_path(tuple(first["loc"])).replace("\n", " ")  # the key as written
-            message = f"{where}: unknown setting; accepted: {accepted}"
-        raise ConfigError(f"{source}: {message}") from None
+        errors = exc.errors(include_url=False)
+        lines = [f"{source}: {_describe(error)}" for error in errors]
+        tail = f" [and {len(lines) - 1} more]" if len(lines) > 1 else ""
+        raise ConfigError(lines[0] + tail, lines[1:]) from None
     except ValueError as exc:  # raised by our parsers outside pydantic's wrapping
         raise ConfigError(f"{source}: {exc}") from None
     except (TypeError, ArithmeticError, RecursionError) as exc:
         # pydantic passes these through from a validator without the field's name, e.g.
         # OverflowError from bandwidth.parse_size("<400 digits>K") in idle.max_memory_used.
         raise ConfigError(f"{source}: a value is out of range: {_one_line(exc)}") from None
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """One error of the configuration, as one line naming its field; a key that is no setting
+    with the settings its place accepts."""
+    if error["type"] == "extra_forbidden":
+        accepted = _accepted_fields(tuple(error["loc"]))
+        where = field_path(tuple(error["loc"])).replace("\n", " ")  # the key as written
+        return f"{where}: unknown setting; accepted: {accepted}"
+    return describe_one_error(error)
 
 
 def _one_line(exc: BaseException) -> str:
