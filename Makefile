@@ -34,8 +34,8 @@ lint: $(SETUP_DEV)
 test-deps:
 	./scripts/test-deps
 
-# Every tier: what waits two at a time, then the system tier and what measures alone
-# (scripts/test-suite); ARGS given, one pytest run of what they select.
+# Every tier: what waits two at a time, then what measures alone (scripts/test-suite); ARGS
+# given, one pytest run of what they select.
 test: test-deps lint
 	./scripts/test-suite $(ARGS)
 

@@ -55,10 +55,11 @@ MODULES = {
 
 # Tests that measure: they assert on wall time, CPU time or share, a host's load or a measured
 # bandwidth (a pair's busbw against its class), so another test beside them on the same cores
-# could fail them. `make test` (scripts/test-suite) runs them alone, with the system tier, after
-# the rest has run two at a time. A module's name takes every test in it; "module::test" one
-# test (each of its parameters). Listed by hand, as what a test asserts is not in the names it
-# uses: a test that asserts on time belongs here.
+# could fail them. `make test` (scripts/test-suite) runs them alone, after the rest (the other
+# system tests too: they wait on Prometheus, promtool, Helm, docker-compose) ran two at a time.
+# A module's name takes every test in it; "module::test" one test (each of its parameters).
+# Listed by hand, as what a test asserts is not in the names it uses: a test that asserts on
+# time belongs here.
 ALONE = {
     "tests.test_auth_flood",  # legitimate scrapes answered within seconds under 700 guessers
     "tests.test_bench_daemon_smoke",  # the daemon's duty cycle and memory
@@ -73,6 +74,15 @@ ALONE = {
     "tests.test_signal",  # the host's own CPU share, made busy on purpose
     "tests.test_sim",  # 28 pairs' busbw against their class median
     "tests.test_soak_short",  # growth over 45 s of one-second probes
+    # System tests that judge bandwidth over tc-shaped links, or time Slurm and a group:
+    "tests.test_group",  # three daemons hand a group over within its deadlines
+    "tests.test_group_netns",  # a 25 % cut flagged within a count of rounds
+    "tests.test_group_store",  # a member round beside a thousand idle sockets
+    "tests.test_pairs_netns",  # the shaped rank the only suspect
+    "tests.test_slurm_cluster",  # the cluster up within seconds
+    "tests.test_sweep_busy_queue",  # a cut cable named among pairs measured by backfill
+    "tests.test_sweep_kube",  # suspects named from measured pairs, answers within seconds
+    "tests.test_sweep_slurm",  # cut cables named, and no third
     # Within a limit of seconds:
     "tests.test_cli_probe::test_plot_without_matplotlib_fails_before_measuring_with_a_hint_that_works",
     "tests.test_daemon::test_sigterm_while_the_rank_zygote_starts_does_not_wait_for_its_import",
