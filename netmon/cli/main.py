@@ -55,7 +55,7 @@ exit codes, every command:
 Each command's flags: netmon COMMAND --help.
 Documentation: README.md and docs/ in netmon's source tree.""".format(
     codes="\n".join(
-        textwrap.fill(text, 96, initial_indent=f"  {code}  ", subsequent_indent="     ")
+        textwrap.fill(text, 96, initial_indent=f"  {code:>3}  ", subsequent_indent=" " * 7)
         for code, text in EXIT_CODES
     )
 )

@@ -77,6 +77,7 @@ RESTART_FIELDS = (
 )
 FIRST_RUN_DELAY_S = 1.0
 TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)
+DAEMON_JOBS = (TELEMETRY_JOB, INSPECTOR_JOB)  # the readers' jobs, beside the probes'
 
 
 def _state_path(config: NetmonConfig) -> Path | None:
@@ -306,7 +307,6 @@ class Daemon:
     def _add_jobs(
         self, scheduler: SteadyScheduler, config: NetmonConfig, due: dict[str, object] | None = None
     ) -> None:
-        """The probes' and readers' jobs; `due` (by job id) are next runs a reload keeps."""
         now, due = time.time(), due or {}
         # Group probes are scheduled by the group's leader (netmon.serve.coordinator), not here.
         probes = tuple(p for p in config.probes or () if p.scope == "local")
@@ -320,7 +320,8 @@ class Daemon:
                 # A late run is still worth doing, but only once (coalesce) and not too late.
                 misfire_grace_time=max(1, int(probe.interval)),
                 # Staggered first runs, so the node's first numbers arrive within seconds.
-                next_run_time=due.get(probe.name) or _utc(now + FIRST_RUN_DELAY_S + number * 0.5),
+                next_run_time=due.get(probe.name)
+                or schedules.utc(now + FIRST_RUN_DELAY_S + number * 0.5),
             )
         every = config.link_telemetry.interval
         if self.telemetry is not None and every > 0:
@@ -331,7 +332,7 @@ class Daemon:
                 name="link telemetry",
                 misfire_grace_time=max(1, int(every)),
                 # The first reading at once, before any probe.
-                next_run_time=due.get(TELEMETRY_JOB) or _utc(now),
+                next_run_time=due.get(TELEMETRY_JOB) or schedules.utc(now),
             )
         if self.jobs_traffic is not None and config.inspector is not None:
             scheduler.add_job(
@@ -340,7 +341,7 @@ class Daemon:
                 id=INSPECTOR_JOB,
                 name="jobs' NCCL Inspector files",
                 misfire_grace_time=max(1, int(config.inspector.interval)),
-                next_run_time=due.get(INSPECTOR_JOB) or _utc(now + FIRST_RUN_DELAY_S),
+                next_run_time=due.get(INSPECTOR_JOB) or schedules.utc(now + FIRST_RUN_DELAY_S),
             )
 
     def reload(self) -> bool:
@@ -369,14 +370,10 @@ class Daemon:
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
             return False
-        timetable = (
-            schedules.of(self.config, TELEMETRY_JOB, INSPECTOR_JOB),
-            schedules.of(new, TELEMETRY_JOB, INSPECTOR_JOB),
-            {job.id: job.next_run_time for job in self.scheduler.get_jobs()},
-        )
+        due = schedules.kept_runs(self.config, new, self.scheduler.get_jobs(), DAEMON_JOBS)
         self.current.publish(new)  # the runner, results and coordinator read it from here
         self.scheduler.remove_all_jobs()
-        self._add_jobs(self.scheduler, new, schedules.kept(*timetable))
+        self._add_jobs(self.scheduler, new, due)
         self.results.reloaded(True)
         event(log, "configuration reloaded", probes=", ".join(p.name for p in new.probes or ()))
         return True
@@ -500,9 +497,3 @@ def _zygote(config: NetmonConfig, results: Results, stopping: threading.Event) -
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
-
-
-def _utc(timestamp: float) -> object:
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
