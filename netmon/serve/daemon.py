@@ -17,10 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobSubmissionEvent
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.triggers.interval import IntervalTrigger
-
 from netmon import dirs
 from netmon.baseline.expect import expectation_for
 from netmon.config import NetmonConfig
@@ -38,19 +34,17 @@ from netmon.logs import event
 from netmon.probe.build import SpecError, build_spec
 from netmon.probe.forking import Zygote
 from netmon.probe.starting import base_env
-from netmon.serve import schedules
 from netmon.serve.coordinator import Coordinator
 from netmon.serve.current import CurrentConfig
-from netmon.serve.jobs_traffic import JOB_ID as INSPECTOR_JOB
 from netmon.serve.jobs_traffic import JobsTraffic
 from netmon.serve.keeper import BaselineKeeper, clear_interrupted_saves
 from netmon.serve.readiness import Decision, DeviceLocks, Readiness
 from netmon.serve.results import Results
 from netmon.serve.runner import STATE_FILE, ProbeRunner
-from netmon.serve.steady import SteadyScheduler
 from netmon.serve.sweep_inbox import STATE_FILE as SWEEP_FILE
 from netmon.serve.sweep_inbox import open_inbox, secret_path
 from netmon.serve.telemetry import LinkTelemetry
+from netmon.serve.timetable import Timetable
 from netmon.topology.identity import read_identity
 from netmon.topology.model import Topology
 from netmon.topology.parse import parse_topo_matrix
@@ -75,9 +69,6 @@ RESTART_FIELDS = (
     "expect",  # the book's expected levels are built with it at start
     "inspector",  # its reader and shapes are built at start
 )
-FIRST_RUN_DELAY_S = 1.0
-TELEMETRY_JOB = "link-telemetry"  # the scheduler's id of the link telemetry job (no probe name)
-DAEMON_JOBS = (TELEMETRY_JOB, INSPECTOR_JOB)  # the readers' jobs, beside the probes'
 
 
 def _state_path(config: NetmonConfig) -> Path | None:
@@ -269,7 +260,15 @@ class Daemon:
             self.runner.link_health_reader = link_reader
             self.telemetry = LinkTelemetry(link_reader, self.results)
             self.runner.fabric = _fabric()
-        self.scheduler = self._scheduler()
+        self.timetable = Timetable(
+            config,
+            self.runner.run,
+            self.telemetry.read if self.telemetry is not None else None,
+            self.jobs_traffic.read if self.jobs_traffic is not None else None,
+            on_step=self.results.clock_stepped,
+            on_overrun=lambda probe: self.results.skip(probe, "still_running"),
+        )
+        self.scheduler = self.timetable.scheduler
         self.link: GroupLink | None = None
         self.coordinator: Coordinator | None = None
         try:
@@ -287,62 +286,6 @@ class Daemon:
     @property
     def config(self) -> NetmonConfig:
         return self.current.get()
-
-    def _scheduler(self) -> SteadyScheduler:
-        probes = self.config.probes or ()
-        # Steady: a step of the wall clock neither stops the jobs nor fires them all at once.
-        scheduler = SteadyScheduler(
-            # Room for probes a reload adds; the device locks keep them from overlapping.
-            executors={"default": ThreadPoolExecutor(max(4, len(probes)))},
-            job_defaults={"coalesce": True, "max_instances": 1},
-            timezone="UTC",
-            on_step=self.results.clock_stepped,
-        )
-        # A run that comes due while the previous one still runs is dropped by APScheduler
-        # (max_instances=1); count it, as every skip is counted.
-        scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
-        self._add_jobs(scheduler, self.config)
-        return scheduler
-
-    def _add_jobs(
-        self, scheduler: SteadyScheduler, config: NetmonConfig, due: dict[str, object] | None = None
-    ) -> None:
-        now, due = time.time(), due or {}
-        # Group probes are scheduled by the group's leader (netmon.serve.coordinator), not here.
-        probes = tuple(p for p in config.probes or () if p.scope == "local")
-        for number, probe in enumerate(probes):
-            scheduler.add_job(
-                self.runner.run,
-                IntervalTrigger(seconds=probe.interval, jitter=probe.effective_jitter or None),
-                args=[probe.name],
-                id=probe.name,
-                name=f"probe {probe.name}",
-                # A late run is still worth doing, but only once (coalesce) and not too late.
-                misfire_grace_time=max(1, int(probe.interval)),
-                # Staggered first runs, so the node's first numbers arrive within seconds.
-                next_run_time=due.get(probe.name)
-                or schedules.utc(now + FIRST_RUN_DELAY_S + number * 0.5),
-            )
-        every = config.link_telemetry.interval
-        if self.telemetry is not None and every > 0:
-            scheduler.add_job(
-                self.telemetry.read,
-                IntervalTrigger(seconds=every),
-                id=TELEMETRY_JOB,
-                name="link telemetry",
-                misfire_grace_time=max(1, int(every)),
-                # The first reading at once, before any probe.
-                next_run_time=due.get(TELEMETRY_JOB) or schedules.utc(now),
-            )
-        if self.jobs_traffic is not None and config.inspector is not None:
-            scheduler.add_job(
-                self.jobs_traffic.read,
-                IntervalTrigger(seconds=config.inspector.interval),
-                id=INSPECTOR_JOB,
-                name="jobs' NCCL Inspector files",
-                misfire_grace_time=max(1, int(config.inspector.interval)),
-                next_run_time=due.get(INSPECTOR_JOB) or schedules.utc(now + FIRST_RUN_DELAY_S),
-            )
 
     def reload(self) -> bool:
         """SIGHUP: take the configuration again; on any error keep the old one, log, count."""
@@ -370,17 +313,12 @@ class Daemon:
             log.error("configuration reload failed, keeping the running one: %s", exc)
             self.results.reloaded(False)
             return False
-        due = schedules.kept_runs(self.config, new, self.scheduler.get_jobs(), DAEMON_JOBS)
+        before = self.config
         self.current.publish(new)  # the runner, results and coordinator read it from here
-        self.scheduler.remove_all_jobs()
-        self._add_jobs(self.scheduler, new, due)
+        self.timetable.replace(before, new)
         self.results.reloaded(True)
         event(log, "configuration reloaded", probes=", ".join(p.name for p in new.probes or ()))
         return True
-
-    def _overrun(self, submission: JobSubmissionEvent) -> None:
-        if submission.job_id not in (TELEMETRY_JOB, INSPECTOR_JOB):
-            self.results.skip(str(submission.job_id), "still_running")
 
     def _start_group(self) -> None:
         group = self.config.group

@@ -1,32 +1,17 @@
 """What a reload keeps of the scheduler's timetable: a job whose schedule the new configuration
 leaves as it was keeps its next run. Re-adding it from now would run every probe a second after
 each SIGHUP (a 15-minute large probe, 2 s later) and, with a reload a minute, never let an hourly
-one wait its hour. Pure logic: the caller reads the scheduler and adds the jobs.
+one wait its hour. Pure logic: netmon.serve.timetable reads the scheduler and adds the jobs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from datetime import datetime, timezone
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 from netmon.config import NetmonConfig
 
 When = TypeVar("When")
-
-
-def kept_runs(
-    before: NetmonConfig, after: NetmonConfig, jobs: Iterable[Any], readers: tuple[str, str]
-) -> dict[str, object]:
-    """The next runs the scheduler's `jobs` (APScheduler's, with `id` and `next_run_time`) keep
-    from `before` to `after`; `readers` are the ids of the telemetry and Inspector jobs."""
-    due = {job.id: job.next_run_time for job in jobs}
-    return kept(of(before, *readers), of(after, *readers), due)
-
-
-def utc(timestamp: float) -> datetime:
-    """A unix time as the aware datetime APScheduler's next_run_time takes."""
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc)
 
 
 def of(config: NetmonConfig, telemetry_job: str, inspector_job: str) -> dict[str, object]:
