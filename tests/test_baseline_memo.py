@@ -6,6 +6,7 @@ and a window kept in order as it moves (netmon.baseline.ordered) is the window s
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import sys
@@ -20,6 +21,12 @@ import pytest
 from netmon.baseline import BaselinePolicy, robust
 from netmon.baseline.memo import Counted, keyed_on
 from netmon.baseline.ordered import Ordered
+from netmon.baseline.reference import (
+    UPPER_Q90_SIGMAS,
+    WANDER_HOURS,
+    WANDER_HOURS_MIN,
+    Reference,
+)
 from netmon.baseline.track import Track
 from netmon.serve import replay
 
@@ -49,11 +56,21 @@ def test_spread_is_the_two_median_mad_bit_for_bit_on_random_sequences() -> None:
         assert robust.spread(values).hex() == mad(values).hex(), values
 
 
+def week_wander(reference: Reference) -> float:
+    """Reference.wander() from its definition: the day's spread, or the upper tail's of a
+    week's hours where wider."""
+    medians = [m for _, m in reference.hours.done]
+    if len(medians) < WANDER_HOURS_MIN:
+        return reference.spread
+    upper = robust.quantile(medians, 0.9) - robust.median(medians)
+    return max(reference.spread, upper / UPPER_Q90_SIGMAS)
+
+
 def cached_and_afresh(track: Track, policy: BaselinePolicy) -> list[tuple[object, object]]:
     """Each kept figure of `track`, and the same figure computed afresh: by the plain method,
     and from the windows sorted anew (not the orders the track keeps as they move)."""
     plain: Any = Track  # the undecorated methods, through functools.wraps' __wrapped__
-    reference: Any = type(track.reference)
+    fresh = dataclasses.replace(track.reference)  # the same fields, nothing kept yet
     learned, full = track.learned_values(), len(track.learned) >= policy.min_samples
     long_full = len(track.long) == policy.long_window
     return [
@@ -61,7 +78,9 @@ def cached_and_afresh(track: Track, policy: BaselinePolicy) -> list[tuple[object
         (track.spread(), robust.spread(learned)),
         (track.long_level(policy), plain.long_level.__wrapped__(track, policy)),
         (track.long_level(policy), robust.midmean(track.long) if long_full else None),
-        (track.reference.wander(), reference.wander.__wrapped__(track.reference)),
+        (track.reference.wander(), week_wander(track.reference)),
+        (track.reference.centre(), fresh.centre()),
+        (track.reference.floor(), fresh.floor()),
         (track.baseline(policy), plain.baseline.__wrapped__(track, policy)),
         (track.baseline(policy), robust.trimmed_mean(learned, 0.1, 1) if full else None),
         (track.recent_level(policy), plain.recent_level.__wrapped__(track, policy)),
@@ -74,6 +93,8 @@ def cached_and_afresh(track: Track, policy: BaselinePolicy) -> list[tuple[object
         ["step", "--depth", "0.15", "--start-hours", "26"],  # accepted: a rebase clears windows
         ["cut", "--restart", "--start-hours", "30", "--hours", "8"],  # the state file read back
         ["flap", "--start-hours", "30", "--hours", "6", "--swing", "0.1"],
+        # Nine days: the week of hours kept lets its oldest go, hour by hour.
+        ["wander", "--days", "9", "--timescale-hours", "6"],
     ],
 )
 def test_kept_figures_equal_the_figures_computed_afresh_after_every_result(
@@ -83,7 +104,7 @@ def test_kept_figures_equal_the_figures_computed_afresh_after_every_result(
     # wander after two.
     results = [
         replay.parse_result(r, f"result {i}")
-        for i, r in enumerate(s.main_stream([*argv, "--days", "3", "--interval", "300"]))
+        for i, r in enumerate(s.main_stream(["--days", "3", *argv, "--interval", "300"]))
     ]
     policy = BaselinePolicy()
     with tempfile.TemporaryDirectory() as state:
@@ -98,6 +119,8 @@ def test_kept_figures_equal_the_figures_computed_afresh_after_every_result(
             accepted = accepted or track.accepted is not None
     assert wandered  # the wander was read from the hours, not the day's spread alone
     assert accepted or argv[0] != "step"  # the step's stream exercises a rebase
+    # The wander's stream let its oldest hours go (kept figures keyed on the hours' ends).
+    assert argv[0] != "wander" or len(track.reference.hours.done) == WANDER_HOURS
 
 
 class Window:

@@ -8,6 +8,7 @@ docs/SIGNAL.md ("The false-alarm budget") has the figures.
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from pathlib import Path
@@ -111,6 +112,32 @@ def test_a_decline_after_an_upgrade_is_measured_from_the_new_level() -> None:
     assert 0.08 <= loss(first) < 0.15, loss(first)
     reference = out[first].verdict.reference
     assert reference is not None and reference > 1.3 * s.BUSBW  # it followed the upgrade
+
+
+def wandering(t: float) -> float:
+    """A series that wanders +-6 % over eight hours, its first day 8 % over where it centres
+    since, with one trough 17 % under that centre on day 6 (a slow dip over eight hours): a slow
+    wander's first day sets a reference it then runs 20 % under (AR(1), sd 5 %, six hours:
+    about 1.5 episodes of hours a series-year before, bench/false_alarms.py)."""
+    if 128 * H <= t < 136 * H:  # down and back up over eight hours, as a wander goes
+        return 1 - 0.17 * math.sin(math.pi * (t - 128 * H) / (8 * H))
+    return (1.08 if t < 24 * H else 1.0) + 0.06 * math.sin(2 * math.pi * t / (8 * H))
+
+
+def test_a_slow_wander_under_its_first_days_level_is_healthy_and_a_deep_cut_is_not() -> None:
+    """The wander's trough is 23 % under its first day's level and 17 % under where its hours
+    centre since: healthy, judged against the trough those hours imply, not the first day's.
+    A cut of 30 % from the centre after it is flagged within 10 results and held."""
+    start = 150 * H
+    shape = s.Shape(wandering, s.held(0.30, start, 3))
+    results = list(s.stream(shape, SEED, (start + 3 * H) / 86400, noise=0.02))
+    out = verdicts(results)
+    begin = index_at(results, start)
+    flags = [r.verdict.degraded for r in out]
+    assert max(s.episodes(flags[:begin]), default=0) < 10, s.episodes(flags[:begin])
+    flag = flags[begin:].index(True) + 1
+    assert flag <= 10, flag
+    assert sum(flags[begin + flag :]) / len(flags[begin + flag :]) > 0.95
 
 
 def test_a_latency_given_as_time_s_is_replayed_and_its_doubling_flagged() -> None:

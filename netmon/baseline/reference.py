@@ -12,10 +12,10 @@ is judged (docs/SIGNAL.md). Pure logic: the time of each result is given.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from netmon.baseline import robust
 from netmon.baseline.hours import HOUR_S, Hours
-from netmon.baseline.memo import keyed_on
 
 # The hours a mature reference keeps to see how far the series wanders: a week, every phase
 # of a weekly cycle; and how many it needs before it reads them.
@@ -33,6 +33,10 @@ class Reference:
     level: float | None = None  # set once mature
     spread: float = 0.0  # robust spread of the hour medians across the day, once mature
     low: float | None = None  # the 10th percentile of the hour medians (a swing's trough)
+    _week_key: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _week_figures: tuple[float, float] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def mature(self) -> bool:
@@ -67,25 +71,63 @@ class Reference:
         if self.level is not None and level > self.level:
             self.level, self.low = level, max(self.low or low, min(low, level))
 
-    @keyed_on("hours.done", "spread")  # read twice per result; the hours complete hourly
     def wander(self) -> float:
         """How far the series' hours wander from their centre (a standard deviation), once
         mature: the day's spread, or where the hours since show more, the upper tail's (a slow
         decline under way widens only the lower tail, and must not hide itself)."""
-        medians = [m for _, m in self.hours.done]
-        if len(medians) < WANDER_HOURS_MIN:
+        week = self._week()
+        if week is None:
             return self.spread
-        centre = robust.median(medians)
-        upper = (robust.quantile(medians, 0.9) - centre) / UPPER_Q90_SIGMAS
-        return max(self.spread, upper)
+        median, q90 = week
+        return max(self.spread, (q90 - median) / UPPER_Q90_SIGMAS)
+
+    def centre(self) -> float | None:
+        """Where the series' hours have centred since it matured (the median of up to a week
+        of hour medians, once WANDER_HOURS_MIN of them), never over the level: a first day
+        that ran high on a slow wander (AR(1), sd 5 %, six hours: its median is off by 3-4 %
+        one time in six) set a level the series then runs 20 % under for hours at a time."""
+        week = self._week()
+        if self.level is None or week is None:
+            return self.level
+        return min(self.level, week[0])
+
+    def _week(self) -> tuple[float, float] | None:
+        """The median and 90th percentile of the hours kept, once WANDER_HOURS_MIN of them.
+        Read three times a result and changed once an hour: kept until the hours change,
+        which they do only at their ends (an hour appended, the oldest let go), so their
+        count and end hours tell (a key of a week's copy cost 11 us a result)."""
+        done = self.hours.done
+        key = (id(done), len(done), done[0], done[-1]) if done else None
+        if self._week_key != key or self._week_key is None:
+            medians = sorted(m for _, m in done)
+            self._week_key = key
+            self._week_figures = (
+                None
+                if len(medians) < WANDER_HOURS_MIN
+                else (robust.median(medians), robust.quantile(medians, 0.9))
+            )
+        return self._week_figures
+
+    def excess(self) -> float:
+        """How much deeper than its first day's trough the series' hours wander (0 while
+        young): that trough less the one its hours since imply (floor())."""
+        if self.low is None or self.level is None:
+            return 0.0
+        centre = self.centre() or self.level
+        return max(0.0, self.low - (centre - UPPER_Q90_SIGMAS * self.wander()))
 
     def floor(self) -> float | None:
         """The lowest level a healthy series of this reference is expected at: the trough of
         its day (the 10th percentile of its hour medians), of the hours seen so far while it is
         young. A series that started at its peak is at the lowest hour it has seen when it nears
-        its first trough, not under the mean of the hours before."""
+        its first trough, not under the mean of the hours before. Once mature, lower where its
+        hours since wander further than its first day showed: the 10th percentile the upper
+        tail implies (wander()). A day of a series that wanders over hours (AR(1), sd 5 %, six
+        hours) holds about four independent levels: its trough was a point or two under the
+        level, and the series went 20 % under that about 1.5 times a series-year
+        (bench/false_alarms.py), each an episode of hours."""
         if self.low is not None:
-            return self.low
+            return self.low - self.excess()
         medians = self.hours.medians()
         return robust.quantile(medians, 0.1) if medians else None
 

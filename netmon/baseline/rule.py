@@ -318,7 +318,7 @@ def _decline(
     if level is None or lines is None or recent is None:
         return True
     track.below = track.below + 1 if level < lines.decline else 0
-    held = track.below >= policy.decline_hold or level < lines.tolerance
+    held = track.below >= policy.decline_hold or level < lines.at_once
     if held and recent < lines.decline:
         conditions.add("decline")
     elif _back(track, policy, lines.back):

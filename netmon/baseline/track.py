@@ -52,6 +52,10 @@ class ReferenceLines:
     tolerance: float
     decline: float
     back: float  # the long level must be back over it before a decline clears
+    # Under it the long level turns `decline` at once: the tolerance, less the depth the
+    # series' hours since its first day have shown it wanders beyond that day's trough
+    # (Reference.excess: none on a flat series or a daily swing its first day saw whole).
+    at_once: float = 0.0
 
 
 @dataclass
@@ -265,14 +269,17 @@ class Track:
         reference = self.reference.value()
         if reference is None:
             return None
-        tolerance = policy.ratio_for(size) * reference
-        decline = tolerance
+        ratio = policy.ratio_for(size)
+        tolerance = ratio * reference
+        at_once = decline = tolerance
         if self.reference.mature:
             # The margin is the policy's, or wider where the series' own hours wander more.
             wander = policy.decline_k * self.reference.wander() / reference
             margin = max(policy.decline_margin, wander)
-            decline = max(tolerance, self.accepted_level() * (1 - margin))
-        return ReferenceLines(tolerance, decline, (decline + self.accepted_level()) / 2)
+            centre = self.reference.centre() or reference
+            at_once = ratio * min(centre, reference - self.reference.excess())
+            decline = max(at_once, self.accepted_level() * (1 - margin))
+        return ReferenceLines(tolerance, decline, (decline + self.accepted_level()) / 2, at_once)
 
     def accepted_level(self) -> float:
         reference = self.reference.value() or 0.0
