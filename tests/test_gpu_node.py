@@ -655,6 +655,9 @@ def test_a_shared_node_never_takes_its_own_probes_for_jobs(
     started = time.monotonic()
     try:
         wait_for(lambda: time.monotonic() - started > 60 or None, 70, "a minute", poll=1)
+        # The pairs measured, read before the stop: the pair the stop ends in flight fails
+        # (`shutdown`), and a failed pair has no point until it succeeds again.
+        measured = {(p.gpu, p.peer_gpu) for p in daemon.results.snapshot().links}
     finally:
         daemon.stop()
     snapshot = daemon.results.snapshot()
@@ -671,7 +674,7 @@ def test_a_shared_node_never_takes_its_own_probes_for_jobs(
     runs = {p: s.runs for p, s in snapshot.probes.items()}
     # About 20 and 15 come due; on a loaded 2-core machine one may wait for the other.
     assert runs["idle_set"] >= 8 and runs["pairs"] >= 6, runs
-    assert {(p.gpu, p.peer_gpu) for p in snapshot.links} == {(0, 1), (0, 2), (1, 2)}
+    assert measured == {(0, 1), (0, 2), (1, 2)}
     assert node.opened()  # the ranks were there for NVML to list
 
 
