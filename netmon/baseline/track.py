@@ -52,10 +52,11 @@ class ReferenceLines:
     tolerance: float
     decline: float
     back: float  # the long level must be back over it before a decline clears
-    # Under it the long level turns `decline` at once: the tolerance, less the depth the
-    # series' hours since its first day have shown it wanders beyond that day's trough
-    # (Reference.excess: none on a flat series or a daily swing its first day saw whole).
-    at_once: float = 0.0
+    # Under it the long level turns `decline` at once: ratio x the lower of where the
+    # series' hours centre since its first day and the reference less how much deeper than
+    # that day's trough they wander (Reference.excess); the tolerance on a flat series or a
+    # daily swing its first day saw whole.
+    at_once: float
 
 
 @dataclass
