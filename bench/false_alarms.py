@@ -10,6 +10,8 @@ judged by `netmon replay`'s engine (the daemon's per-series path) under the defa
   swing     a daily swing of +-5-10 % from a phase drawn at random, 5 % noise
   heavy     1-5 % of results at 0.3-0.6x (a noisy neighbour), 5 % noise
   bimodal   each result at 1.0x or at a low mode of 0.8-0.95x, its share 20-80 %, 5 % noise
+  edge      bimodal's worst corner: a low mode at 0.80-0.83x holding 25-40 % of results,
+            where the lower level straddles the upper one's tolerance (0.8)
   step      a lasting step of 2-6 % up or down at a random time: inside the decline margin
             (8 %), so not a loss the verdict is built to name
   outages   no results for 1-72 h a few times a month, half of them ending in a restart
@@ -91,7 +93,14 @@ def heavy(rng: random.Random, days: float) -> Draw:
 
 
 def bimodal(rng: random.Random, days: float) -> Draw:
-    low, share = rng.uniform(0.8, 0.95), rng.uniform(0.2, 0.8)
+    return two_levels(rng, rng.uniform(0.8, 0.95), rng.uniform(0.2, 0.8))
+
+
+def edge(rng: random.Random, days: float) -> Draw:
+    return two_levels(rng, rng.uniform(0.8, 0.83), rng.uniform(0.25, 0.4))
+
+
+def two_levels(rng: random.Random, low: float, share: float) -> Draw:
     shape = s.Shape(s.flat, lambda _i, _t: low if rng.random() < share else 1.0)
     return Draw(shape, params={"low": round(low, 4), "low_share": round(share, 3)})
 
@@ -118,6 +127,7 @@ CLASSES: dict[str, Callable[[random.Random, float], Draw]] = {
     "swing": swing,
     "heavy": heavy,
     "bimodal": bimodal,
+    "edge": edge,
     "step": step,
     "outages": outages,
 }

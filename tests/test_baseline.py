@@ -222,17 +222,17 @@ def test_the_result_that_clears_a_degradation_is_learned() -> None:
     assert feed(book, [GOOD])[0].baseline == centre(learned)
 
 
-def test_baseline_is_the_mean_of_the_last_3k_learned_results() -> None:
+def test_baseline_is_the_mean_of_the_last_6k_learned_results() -> None:
     policy = plain(window=4, min_samples=3, trigger=1, of=1, learn_delay=0)
     book = BaselineBook(policy)
     # Rising values are never low and the recent level runs over the band's top, so every one
-    # is learned (at once: learn_delay 0); the baseline is the mean of the newest 3 x K.
-    values = [10.0 * n for n in range(1, 17)]
+    # is learned (at once: learn_delay 0); the baseline is the mean of the newest 6 x K.
+    values = [10.0 * n for n in range(1, 29)]
     feed(book, values)
-    (verdict,) = feed(book, [170.0])
-    newest = values[-3 * policy.window :]
-    assert verdict.baseline == math.fsum(newest) / len(newest)  # 50 to 160: 105
-    assert verdict.ratio == 170.0 / verdict.baseline
+    (verdict,) = feed(book, [290.0])
+    newest = values[-6 * policy.window :]
+    assert verdict.baseline == math.fsum(newest) / len(newest)  # 50 to 280: 165
+    assert verdict.ratio == 290.0 / verdict.baseline
     assert verdict.healthy_samples == 4
 
 
@@ -403,8 +403,9 @@ def test_a_smaller_policy_keeps_the_newest_values_and_flags() -> None:
     assert doc[0]["recent"] == [True, False, False]
     # The degraded state is kept as it was: verdicts change only on new results.
     # The young reference is the midmean of what was learned (100 to 109). The baseline is the
-    # mean of the newest 3 x 3 learned (101 to 109): the window's 3 and the older 6 kept.
-    baseline = math.fsum(range(101, 110)) / 9
+    # mean of the newest 6 x 3 learned: the window's 3 and the 7 older, all kept (room for 15),
+    # without the highest and the lowest (101 to 108).
+    baseline = math.fsum(range(101, 109)) / 8
     assert core(restored.verdict(KEY)) == (baseline, None, True, 3, 1, "low")
     assert restored.verdict(KEY).reference == robust.midmean(range(100, 110))  # type: ignore[union-attr]
     # Now 3 not-low of the last 3 >= M=2, and three results since the fault, all back.
@@ -684,16 +685,18 @@ class Model:
     stays young (the midmean of what was learned; its floor the same), the long level never
     forms (no decline), and no loss is accepted (steady needs three hours).
 
-    The baseline is the mean of the last up to 3 x window learned results; the expected level
+    The baseline is the mean of the last up to 6 x window learned results; the expected level
     the higher of it and the reference's floor less the baseline's uncertainty. The band's
     ceiling is 2 x expected - the low line (anything is under it while the recent level runs
     over it). While young (fewer than a window learned) every usable result of a healthy series
     under the ceiling is learned at once, low ones too; after, a result within the symmetric
     band (not low, under the ceiling) waits learn_delay results and is learned if the series is
-    healthy and steady then. M of N low turn `low` with the recent level (or its
-    floored mean) under its line, or alone while there is no level; the level alone turns
-    `drift`. Both clear on M of N healthy with the recent level and the results since the
-    turn back over the clearing line: `of` of them, or a baseline window once the fault held.
+    healthy and steady then. M of N low turn `low` with the recent level's floored mean under
+    its line, or its median with the mean of its newest N under halfway from that line to the
+    clearing line (each taken as the expected level at most), or alone while there is no
+    level; the level alone turns `drift`. Both clear on M of N healthy with the recent level
+    and the results since the turn back over the clearing line: `of` of them, or a baseline
+    window once the fault held.
     `flapping` needs as many bad results as the series' own rate makes unlikely
     (robust.binomial_needed: the binomial tail is the library's own, not modelled here); a
     flag counts toward that rate when it leaves the flapping window, if the series is not
@@ -707,7 +710,7 @@ class Model:
     def __init__(self, policy: BaselinePolicy) -> None:
         self.policy = policy
         self.learned: deque[float] = deque(maxlen=policy.window)
-        self.older: deque[float] = deque(maxlen=2 * policy.window)
+        self.older: deque[float] = deque(maxlen=5 * policy.window)
         self.low: deque[bool] = deque(maxlen=policy.of)
         self.healthy: deque[bool] = deque(maxlen=policy.of)
         self.level: deque[float] = deque(maxlen=min(policy.level_window, policy.window))
@@ -818,7 +821,9 @@ class Model:
             else:
                 floor = min(policy.floor, policy.ratio) * expected
                 floored = math.fsum(max(v, floor) for v in self.level) / len(self.level)
-                if level < line or floored < line:
+                newest = [min(v, expected) for v in list(self.level)[-policy.of :]]
+                agrees = math.fsum(newest) / len(newest) < (line + clear) / 2
+                if floored < line or (level < line and agrees):
                     self.conditions.add("low" if low else "drift")
         elif sum(self.healthy) >= policy.trigger and self.back(level, clear):
             self.conditions -= {"low", "drift"}

@@ -178,6 +178,30 @@ def test_a_repair_with_a_noisy_result_is_not_flapping() -> None:
     assert next(i for i, v in enumerate(after) if not v.degraded) < 30
 
 
+# --- two levels
+
+
+def test_a_median_on_the_lower_of_two_levels_is_not_a_cut_until_the_newest_results_agree() -> None:
+    """A third of the results on a lower level at 0.82x (NCCL's tuner between two
+    algorithms): five of nine on it, scattered among the upper ones, put the median of nine
+    under its line while the newest five still average near the series' centre. Before, that
+    median alone turned the verdict (held at once: 20 results, a page; bench/false_alarms.py's
+    `edge` class paged 9.3 times a series-year). A cut moves the newest results first: the
+    same median with the newest five on the lower level turns it."""
+    stream = Stream()
+    up, low = GOOD, 0.82 * GOOD
+    assert not any(v.degraded for v in stream.feed([up, up, low, up, low, up] * 480))  # 2 days
+    before = stream.feed([up] * 4)[-1]
+    assert not before.degraded and before.level_bound is not None
+    under = 0.95 * before.level_bound  # under the level's line, whatever the wobble
+    scattered = stream.feed([under, up, under, under, up, under, up, under, up])
+    assert scattered[-1].level is not None and scattered[-1].level < before.level_bound
+    assert not any(v.degraded for v in scattered)
+    stream.feed([up] * 9)
+    newest = stream.feed([up, up, up, up, under, under, under, under, under])
+    assert newest[-1].degraded and not newest[-2].degraded
+
+
 # --- a loss within the tolerance
 
 

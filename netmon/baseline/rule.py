@@ -150,7 +150,7 @@ def judge(
     # between the drift line and the clearing line: higher, healthy noise would stop learning
     # in its own low stretches and bias the baseline up.
     level = track.recent_level(policy)
-    steady = level is None or level >= (lines.level + lines.clear) / 2
+    steady = level is None or level >= _steady_line(lines)
     if track.young(policy):
         # Young: learned at once, within the band and not low (the baseline is a mean of few
         # results: a low one would pull it onto a cut, one from a long upper tail lift it over
@@ -228,18 +228,37 @@ def _against_baseline(
     verdict once the level is known: a heavy-tailed series (2 % of its results at 0.3-0.6x, a
     noisy neighbour) has 3 of 5 low about once a week by chance, 5 of 9 (which the median
     needs) about once in 5 years; a cut moves the level 2 results after it moves 3 of 5.
-    The level is under its line when its median is, or the mean of its results floored at
-    floor x the expected level: a median of a few results jumps from one level to the other
-    on a series with two (NCCL switching between two algorithms), and a cut on both shows
-    sooner where their mean falls; floored, so that a few outliers cannot pull the mean down
-    alone (with the floor at 0.7, 7 of 9 must be that low to take it under 0.8)."""
+    The level is under its line when the mean of its results floored at floor x the expected
+    level is (floored, so that a few outliers cannot pull the mean down alone: with the floor
+    at 0.7, 7 of 9 must be that low to take it under 0.8), or when its median is and the mean
+    of its newest `of` results is under the steady line (none counted over the expected
+    level: the recorded stream's fast results at 1.6x held a 40 % cut's turn back by three).
+    A median of a few results jumps from one level to the other on a series with two (NCCL
+    switching between two algorithms): five of nine on a lower level at 0.80-0.83x, scattered
+    among the upper ones, put it under the line about 9 times a series-year
+    (bench/false_alarms.py, class `edge`), each turn held for a baseline window. A cut moves
+    the newest results first, all of them: the median of nine turns on its fifth result as
+    before, a mixture's scattered lower results rarely do."""
     low = sum(track.recent) >= policy.trigger
     if level is None:
         return "low" if low else None
     floored = track.floored_mean(policy.floor_for(size) * lines.expected)
-    if level < lines.level or floored < lines.level:
+    if floored < lines.level or (level < lines.level and _newest_agree(track, policy, lines)):
         return "low" if low else "drift"
     return None
+
+
+def _newest_agree(track: Track, policy: BaselinePolicy, lines: Lines) -> bool:
+    """Whether the newest `of` results of the recent level are low together: their mean, none
+    counted over the expected level, under the steady line."""
+    return track.newest_mean(policy.of, lines.expected) < _steady_line(lines)
+
+
+def _steady_line(lines: Lines) -> float:
+    """Halfway between the recent level's line and the clearing line: a recent level over it
+    holds steady (learning goes on), and a recent level whose mean is not under it has not
+    left the series' healthy range, whatever its median says."""
+    return (lines.level + lines.clear) / 2
 
 
 def _held_at_turn(policy: BaselinePolicy, size: int, level: float | None, lines: Lines) -> bool:

@@ -20,10 +20,14 @@ from netmon.baseline.policy import BaselinePolicy
 from netmon.baseline.reference import Reference
 from netmon.baseline.verdict import DEGRADED_REASONS, Verdict
 
-# The spread is taken over this many baseline windows of learned results: a median absolute
-# deviation of 20 values is itself a noisy figure (about 30 % either way), and a spread read
-# too narrow draws the line too close under the baseline.
-SPREAD_WINDOWS = 3
+# The baseline and the spread are taken over this many windows of learned results (120 by
+# default). A median absolute deviation of 20 values is itself a noisy figure (about 30 % either
+# way), and a spread read too narrow draws the line too close under the baseline. On a series
+# with two levels the share of each among 60 learned results varies (a third on the lower one:
+# 0.33 +- 0.06), and the baseline with it: at its top, the lower level sat on the line. Over
+# 120 it varies by a third less (bench/false_alarms.py, classes `bimodal` and `edge`); it
+# follows a healthy change later, which the swing and step classes measure.
+SPREAD_WINDOWS = 6
 
 # The share of learned results at each end the baseline leaves out (Track.baseline).
 BASELINE_TRIM = 0.1
@@ -144,7 +148,7 @@ class Track:
 
     @keyed_on("older", "learned")  # read three times per result, moves once at most
     def baseline(self, policy: BaselinePolicy) -> float | None:
-        """The rolling baseline: the mean of the last 3 x `window` learned results without
+        """The rolling baseline: the mean of the last 6 x `window` learned results without
         their highest and lowest tenth. A result is judged against it (the expected level);
         the reference watches the long run. A mean, not a median: on a series with two levels
         (NCCL switching between two algorithms) a median jumps from one to the other as their
@@ -209,7 +213,7 @@ class Track:
 
     @keyed_on("older", "learned")  # read about four times per result, moves more rarely
     def spread(self) -> float:
-        """The spread of the learned results (the last three windows). Since they are learned
+        """The spread of the learned results (the last six windows). Since they are learned
         within a symmetric band from the low line (rule._within_band), they are the series'
         noise, not its healthy half; before, the recent level's spread was taken where wider,
         and a cut's own onset widened the lines under it (a 25 % cut flagged 15 results late)."""
@@ -233,6 +237,12 @@ class Track:
     def floored_mean(self, floor: float) -> float:
         """The mean of the recent level's results, each taken as `floor` at least."""
         return math.fsum(max(v, floor) for v in self.level) / max(len(self.level), 1)
+
+    def newest_mean(self, count: int, cap: float) -> float:
+        """The mean of the newest `count` results of the recent level, each taken as `cap` at
+        most: one fast result says the link is not slow, not that four slow ones are not."""
+        newest = list(self.level)[-count:]
+        return math.fsum(min(v, cap) for v in newest) / max(len(newest), 1)
 
     def back_level(self, policy: BaselinePolicy) -> float | None:
         """The median of the conclusive results since the series turned degraded, the last
