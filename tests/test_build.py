@@ -15,7 +15,7 @@ import pytest
 
 from netmon import baseline
 from netmon.config import NetmonConfig, ProbeConfig, parse_config, resolve
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_sources
 from netmon.group.members import World
 from netmon.probe import nccl_debug, transport_faults
 from netmon.probe.build import Placement, SpecError, build_spec
@@ -256,7 +256,7 @@ def pairs_config(tmp_path: Path) -> NetmonConfig:
 
 
 def test_pair_probes_use_only_the_configured_gpus(tmp_path: Path) -> None:
-    all_idle = idle.ReplaySource([[reading(i) for i in range(8)]])
+    all_idle = idle_sources.ReplaySource([[reading(i) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), all_idle)
     runner.run("pairs")
     pairs = {tuple(sorted(given["devices"])) for given in RecordingLauncher.given}
@@ -275,7 +275,7 @@ def test_pair_probes_use_only_the_configured_gpus(tmp_path: Path) -> None:
 def test_pair_probes_are_idle_checked_on_the_configured_gpus(tmp_path: Path) -> None:
     # A job on GPU 2 (configured) skips its pairs, and the pairs of the idle GPUs are measured;
     # one on GPU 6 (not configured) changes nothing.
-    busy_2 = idle.ReplaySource([[reading(i, (999,) if i == 2 else ()) for i in range(8)]])
+    busy_2 = idle_sources.ReplaySource([[reading(i, (999,) if i == 2 else ()) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), busy_2)
     runner.run("pairs")
     pairs = {tuple(sorted(given["devices"])) for given in RecordingLauncher.given}
@@ -284,14 +284,14 @@ def test_pair_probes_are_idle_checked_on_the_configured_gpus(tmp_path: Path) -> 
     assert results.snapshot().probes["pairs"].skips == {}
     RecordingLauncher.given.clear()
 
-    busy_6 = idle.ReplaySource([[reading(i, (999,) if i == 6 else ()) for i in range(8)]])
+    busy_6 = idle_sources.ReplaySource([[reading(i, (999,) if i == 6 else ()) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), busy_6)
     runner.run("pairs")
     assert len({tuple(g["devices"]) for g in RecordingLauncher.given}) == 6
 
 
 def test_pairs_of_a_gpu_another_probe_holds_are_skipped(tmp_path: Path) -> None:
-    all_idle = idle.ReplaySource([[reading(i) for i in range(8)]])
+    all_idle = idle_sources.ReplaySource([[reading(i) for i in range(8)]])
     runner, results = runner_on(pairs_config(tmp_path), all_idle)
     with runner.readiness.locks.hold(frozenset({"3"}), timeout=1) as got:
         assert got
@@ -311,7 +311,7 @@ def test_a_pair_waits_its_turn_behind_another_probe_of_ours_on_its_gpus(tmp_path
     """A `gpus: idle` probe on the NVLink island 0-1 every few seconds took the two GPUs between
     a sweep's survey and pair 0-1's claim every time: the pair was never measured. Its claim now
     queues behind our own probe, and a probe that comes after it waits behind the pair."""
-    all_idle = idle.ReplaySource([[reading(i) for i in range(8)]])
+    all_idle = idle_sources.ReplaySource([[reading(i) for i in range(8)]])
     runner, _ = runner_on(pairs_config(tmp_path), all_idle)
     locks = runner.readiness.locks
     held, release = threading.Event(), threading.Event()
@@ -342,7 +342,7 @@ def _enter(runner: ProbeRunner, pair: tuple[int, int]) -> Any:
 
 def test_a_collective_probe_ranks_get_their_gpu_and_numa_node(tmp_path: Path) -> None:
     config = node(tmp_path, devices=["2", "5"])
-    runner, _ = runner_on(config, idle.ReplaySource([[reading(i) for i in range(8)]]))
+    runner, _ = runner_on(config, idle_sources.ReplaySource([[reading(i) for i in range(8)]]))
     runner.run("small")
     given = {g["rank"]: (g["cuda"], g["command"][1]) for g in RecordingLauncher.given}
     assert given == {0: ("2", "--cpunodebind=0"), 1: ("5", "--cpunodebind=1")}

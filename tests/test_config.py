@@ -26,7 +26,7 @@ from netmon.config import (
     resolve,
 )
 from netmon.errors import ConfigError, CouldNotRun
-from netmon.gpu.idle import IdlePolicy
+from netmon.gpu.idle_policy import IdlePolicy
 
 # Verbatim from the docs: this file must keep being accepted exactly as written.
 CONTRACT = """\

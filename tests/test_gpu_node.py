@@ -20,7 +20,7 @@ import pytest
 from netmon import baseline
 from netmon.config import LinkTelemetryConfig, NetmonConfig, parse_config, resolve
 from netmon.exposition.collector import SnapshotPage
-from netmon.gpu.idle import IdlePolicy
+from netmon.gpu.idle_policy import IdlePolicy
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.gpu.nvml import NvmlSource
 from netmon.gpu.nvml_links import read_link_health

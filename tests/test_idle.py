@@ -21,17 +21,14 @@ import pytest
 from netmon.gpu.idle import (
     REASONS,
     GpuReading,
-    IdlePolicy,
     IdleSourceError,
-    NoGpuSource,
-    ReplaySource,
-    check,
     decide,
     find_reading,
     foreign_processes,
-    sample,
 )
+from netmon.gpu.idle_policy import IdlePolicy
 from netmon.gpu.idle_reading import reading_from_raw
+from netmon.gpu.idle_sources import NoGpuSource, ReplaySource, check, sample
 from netmon.gpu.nvml import NvmlSource, NvmlUnavailable
 from tests.fake_nvml import IdleNvml, nvml_error
 

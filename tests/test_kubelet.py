@@ -31,9 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from netmon.config import load_config
 from netmon.errors import ConfigError
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_sources
 from netmon.gpu import kubelet as kubelet_module
-from netmon.gpu.idle import GpuReading, IdlePolicy, KubeletPods, ReplaySource
+from netmon.gpu.idle import GpuReading
+from netmon.gpu.idle_policy import IdlePolicy, KubeletPods
+from netmon.gpu.idle_sources import ReplaySource
 from netmon.gpu.kubelet import (
     KubeletError,
     KubeletGuard,
@@ -387,19 +389,25 @@ def test_an_unreadable_answer_is_a_kubelet_error(tmp_path: Path) -> None:
 def test_a_gpu_nvml_calls_idle_but_a_pod_holds_is_busy_gpu_allocated(
     kubelet: FakeKubelet,
 ) -> None:
-    decision = idle.check(guard(kubelet.socket), ["0", "1"], {os.getpid()}, IdlePolicy(), no_sleep)
+    decision = idle_sources.check(
+        guard(kubelet.socket), ["0", "1"], {os.getpid()}, IdlePolicy(), no_sleep
+    )
     assert not decision.idle
     assert decision.reason == "gpu_allocated"
     assert decision.busy == {"0": "gpu_allocated"}
     assert "allocated to pod ml/train-0 container trainer (nvidia.com/gpu)" in decision.detail
     # The other GPU: held only by netmon's own pod, which is not a job.
-    assert idle.check(guard(kubelet.socket), ["1"], {os.getpid()}, IdlePolicy(), no_sleep).idle
+    assert idle_sources.check(
+        guard(kubelet.socket), ["1"], {os.getpid()}, IdlePolicy(), no_sleep
+    ).idle
 
 
 def test_without_knowing_its_own_pod_netmon_counts_its_gpus_as_a_jobs(
     kubelet: FakeKubelet,
 ) -> None:
-    decision = idle.check(guard(kubelet.socket, own=None), ["1"], (), IdlePolicy(), no_sleep)
+    decision = idle_sources.check(
+        guard(kubelet.socket, own=None), ["1"], (), IdlePolicy(), no_sleep
+    )
     assert decision.busy == {"1": "gpu_allocated"}
     assert "pod netmon/netmon-x7k2p" in decision.detail
 
@@ -410,7 +418,7 @@ def test_a_running_job_keeps_its_gpu_busy_process_label(kubelet: FakeKubelet) ->
         Policy(IdlePolicy(kubelet_socket=kubelet.socket)),
         OWN,
     )
-    decision = idle.check(running, ["0"], (), IdlePolicy(), no_sleep)
+    decision = idle_sources.check(running, ["0"], (), IdlePolicy(), no_sleep)
     assert decision.reason == "gpu_busy_process"
     assert "process(es) 48213" in decision.detail and "pod ml/train-0" in decision.detail
 
@@ -419,11 +427,11 @@ def test_a_kubelet_that_cannot_be_asked_blocks_probes_unless_unknowns_are_truste
     tmp_path: Path,
 ) -> None:
     absent = tmp_path / "kubelet.sock"
-    decision = idle.check(guard(absent), ["0", "1"], (), IdlePolicy(), no_sleep)
+    decision = idle_sources.check(guard(absent), ["0", "1"], (), IdlePolicy(), no_sleep)
     assert decision.busy == {"0": "kubelet_error", "1": "kubelet_error"}
     assert "the kubelet cannot say who holds it" in decision.detail
     trusting = IdlePolicy(unknown_is_busy=False)
-    assert idle.check(guard(absent), ["0", "1"], (), trusting, no_sleep).idle
+    assert idle_sources.check(guard(absent), ["0", "1"], (), trusting, no_sleep).idle
 
 
 def test_kubelet_error_outranks_busy_reasons_and_gpu_allocated_follows_them() -> None:
@@ -752,7 +760,7 @@ def phase_guard(
 
 
 def check(guarded: KubeletGuard, device: str = "0") -> idle.IdleDecision:
-    return idle.check(guarded, [device], {os.getpid()}, IdlePolicy(samples=2), no_sleep)
+    return idle_sources.check(guarded, [device], {os.getpid()}, IdlePolicy(samples=2), no_sleep)
 
 
 def test_a_running_pod_with_no_process_keeps_its_gpu_however_long_it_stays_quiet(

@@ -10,7 +10,7 @@ from typing import Any
 
 from netmon import baseline
 from netmon.config import parse_config, resolve
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_sources
 from netmon.probe.launcher import Launcher
 from netmon.serve.current import CurrentConfig
 from netmon.serve.keeper import BaselineKeeper
@@ -54,7 +54,7 @@ class _NeverLaunch:
 
 
 def test_a_busy_gpu_is_skipped_with_its_reason_and_never_probed(tmp_path: Path) -> None:
-    busy = idle.ReplaySource([[_reading(0), _reading(1, pids=(4242,))]])
+    busy = idle_sources.ReplaySource([[_reading(0), _reading(1, pids=(4242,))]])
     runner, results = _runner(tmp_path, busy, launcher=_NeverLaunch)
     runner.run("small")
     stats = results.snapshot().probes["small"]
@@ -62,7 +62,7 @@ def test_a_busy_gpu_is_skipped_with_its_reason_and_never_probed(tmp_path: Path) 
 
 
 def test_utilization_in_one_sample_is_enough_to_skip(tmp_path: Path) -> None:
-    flicker = idle.ReplaySource(
+    flicker = idle_sources.ReplaySource(
         [[_reading(0), _reading(1)], [_reading(0, utilization=90), _reading(1)]]
     )
     runner, results = _runner(tmp_path, flicker, launcher=_NeverLaunch)
@@ -71,7 +71,7 @@ def test_utilization_in_one_sample_is_enough_to_skip(tmp_path: Path) -> None:
 
 
 def test_pause_file_skips_before_reading_nvml(tmp_path: Path) -> None:
-    runner, results = _runner(tmp_path, idle.ReplaySource([[]]), launcher=_NeverLaunch)
+    runner, results = _runner(tmp_path, idle_sources.ReplaySource([[]]), launcher=_NeverLaunch)
     (tmp_path / "pause").touch()
     runner.run("small")
     assert results.snapshot().probes["small"].skips == {"paused": 1}
@@ -79,7 +79,7 @@ def test_pause_file_skips_before_reading_nvml(tmp_path: Path) -> None:
 
 
 def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
-    runner, _ = _runner(tmp_path, idle.ReplaySource([[_reading(0), _reading(1)]]))
+    runner, _ = _runner(tmp_path, idle_sources.ReplaySource([[_reading(0), _reading(1)]]))
     readiness = runner.readiness
     readiness.foreign_check_s = 0.0
     abort = readiness.abort_check(("0", "1"))
@@ -87,17 +87,21 @@ def test_a_foreign_process_during_a_probe_preempts_it(tmp_path: Path) -> None:
     # A child of this process stands for a rank: ours, so not foreign.
     rank = subprocess.Popen(["sleep", "30"])
     try:
-        readiness.idle_source = idle.ReplaySource([[_reading(0, pids=(rank.pid,)), _reading(1)]])
+        readiness.idle_source = idle_sources.ReplaySource(
+            [[_reading(0, pids=(rank.pid,)), _reading(1)]]
+        )
         assert abort() is None
-        readiness.idle_source = idle.ReplaySource([[_reading(0), _reading(1, pids=(31337,))]])
+        readiness.idle_source = idle_sources.ReplaySource(
+            [[_reading(0), _reading(1, pids=(31337,))]]
+        )
         assert abort() == "preempted"
         # The kubelet gave GPU 1 to a pod whose process has not started: preempted too.
         given = dataclasses.replace(_reading(1), allocated_to="jobs/train-0/worker")
-        readiness.idle_source = idle.ReplaySource([[_reading(0), given]])
+        readiness.idle_source = idle_sources.ReplaySource([[_reading(0), given]])
         assert abort() == "preempted"
         # Gone from NVML, but a GPU once taken stays off limits, for this check and any other
         # on it, until a claim's full idle check finds it idle.
-        readiness.idle_source = idle.ReplaySource([[_reading(0), _reading(1)]])
+        readiness.idle_source = idle_sources.ReplaySource([[_reading(0), _reading(1)]])
         assert abort() == "preempted"
         assert readiness.abort_check(("1",))() == "preempted"
         assert readiness.abort_check(("0",))() is None

@@ -224,7 +224,7 @@ def test_a_simulated_node_counts_its_gpus_for_the_embedded_default(
 def test_the_node_files_pods_reach_the_kubelet_guard_with_their_phase(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from netmon.gpu.idle import IdlePolicy
+    from netmon.gpu.idle_policy import IdlePolicy
     from netmon.gpu.nvml import NvmlSource
     from netmon.sim.kubelet import simulated_guard
 
@@ -245,7 +245,7 @@ def test_gpus_given_by_nvidias_dra_driver_are_held_by_their_minor_number(
 ) -> None:
     """A GPU allocated through DRA is named by NVIDIA's DRA driver as "gpu-<minor>", not by
     UUID: the guard finds it by NVML's minor number, which need not be its index."""
-    from netmon.gpu.idle import IdlePolicy
+    from netmon.gpu.idle_policy import IdlePolicy
     from netmon.gpu.nvml import NvmlSource
     from netmon.sim.kubelet import simulated_guard
 

@@ -187,7 +187,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     source = None
     if args.idle_replay is not None:
-        from netmon.gpu.idle import ReplaySource
+        from netmon.gpu.idle_sources import ReplaySource
 
         try:
             source = ReplaySource.from_json(args.idle_replay)

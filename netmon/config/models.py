@@ -34,7 +34,7 @@ from netmon.baseline.expect import ExpectEntry
 from netmon.errors import (
     CouldNotRun,
 )
-from netmon.gpu.idle import IdlePolicy
+from netmon.gpu.idle_policy import IdlePolicy
 from netmon.group.members import GroupConfig
 from netmon.inspector.settings import InspectorConfig
 from netmon.probe.paths import check_names, check_op

@@ -1,4 +1,5 @@
-"""Whether GPUs may be probed now: pure decisions over NVML readings, and the sources of readings.
+"""Whether GPUs may be probed now: pure decisions over NVML readings (the readings' sources and
+the sampler that spaces them: gpu/idle_sources.py; the settings: gpu/idle_policy.py).
 
 A probe must never disturb a job. So a GPU is idle only when every one of several spaced readings
 agrees, and anything NVML cannot tell us counts against probing unless the operator says otherwise.
@@ -6,20 +7,14 @@ agrees, and anything NVML cannot tell us counts against probing unless the opera
 
 from __future__ import annotations
 
-import json
-import threading
-import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import ClassVar, Literal, Protocol, get_args
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import ConfigDict
 
-from netmon.bandwidth import MAX_MEMORY_SIZE, bounded_size
+from netmon.gpu.idle_policy import IdlePolicy
 from netmon.gpu.podresources import GpuAllocations
-from netmon.schema import SIZE_TEXT, also
 
 ComputeMode = Literal["default", "exclusive_thread", "exclusive_process", "prohibited", "unknown"]
 
@@ -44,100 +39,6 @@ Reason = Literal[
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
 _RANK = {reason: rank for rank, reason in enumerate(REASONS)}
-
-
-class KubeletPods(BaseModel):
-    """Where the kubelet's own list of its pods is read, for the phase of each pod holding a GPU."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # Its HTTPS port, https://<node IP>:10250/pods ("[...]" around an IPv6 address). An http://
-    # URL (a read-only port) is asked without the token.
-    url: str
-    # A service-account token whose account may get nodes/pods (docs/DEPLOY.md); read at every
-    # request, as the kubelet rotates projected tokens in place. None: no token is sent.
-    token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    # The CA that signed the kubelet's serving certificate; None: the system's CAs.
-    ca_file: Path | None = None
-    # For kubelets with self-signed serving certificates: the token then goes to whoever answers.
-    insecure_skip_verify: bool = False
-
-    @field_validator("token_file", "ca_file", mode="before")
-    @classmethod
-    def _blank_is_none(cls, value: object) -> object:
-        # An empty NETMON_IDLE__KUBELET_PODS__CA_FILE= means none, not the current directory.
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        text = value.strip()
-        try:
-            parts = urlsplit(text)
-            ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
-        except ValueError:  # a port that is no number, a malformed IPv6 address
-            ok = False
-        if not ok:
-            raise ValueError("use a URL like https://10.0.0.5:10250/pods")
-        return text
-
-
-class IdlePolicy(BaseModel):
-    """When a GPU counts as idle. Every limit must hold in every sample."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    samples: int = Field(default=3, ge=1, description="readings taken before a probe")
-    # NVML averages utilization over its own window (1/6 s to 1 s by product), so readings closer
-    # than that overlap; several of them still catch a job that is between kernels in one.
-    sample_interval: float = Field(default=0.2, ge=0, description="seconds between readings")
-    # NVML reports whole percents: the default 5 means "0-4 %"; 1 means "0 % exactly".
-    max_utilization: float = Field(default=5.0, gt=0, description="percent; busy at or above this")
-    # Counts memory of processes that are not ours (the total minus our own processes' share).
-    max_memory_used: int = Field(
-        default=1 << 30,
-        ge=0,
-        le=MAX_MEMORY_SIZE,
-        json_schema_extra=also(SIZE_TEXT),
-        description="bytes; busy above this",
-    )
-    skip_mig: bool = True
-    # EXCLUSIVE_PROCESS: our rank's context would stop a job's process from starting on the GPU.
-    require_default_compute_mode: bool = True
-    # A reading NVML could not take (utilization, memory, the process list) blocks probing: a GPU
-    # we cannot see into may be running a job. False trusts whatever could be read. The same
-    # holds for a kubelet that cannot be asked (kubelet_socket).
-    unknown_is_busy: bool = True
-    # The kubelet's pod-resources socket (Kubernetes): a GPU a device plugin gave to a pod other
-    # than netmon's own is busy even before the pod's process starts. None (default): not asked.
-    kubelet_socket: Path | None = None
-    # Some kubelets also list finished pods with their devices (kubernetes issue 119423), so the
-    # kubelet's pod list is read for each holder's phase: only a pod listed as Succeeded or
-    # Failed gives its GPU back. None, or a list that cannot be read: every holder keeps it.
-    kubelet_pods: KubeletPods | None = None
-
-    @field_validator("max_memory_used", mode="before")
-    @classmethod
-    def _memory_size(cls, value: object) -> object:
-        # A configuration file says "1G" (binary, as every size in netmon).
-        if isinstance(value, str):
-            return bounded_size(value, MAX_MEMORY_SIZE, "a GPU's memory may be")
-        return value
-
-    @field_validator("kubelet_socket", "kubelet_pods", mode="before")
-    @classmethod
-    def _socket_or_off(cls, value: object) -> object:
-        # NETMON_IDLE__KUBELET_SOCKET= (empty) turns it off, as leaving it out of the file does.
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("kubelet_socket")
-    @classmethod
-    def _absolute(cls, value: Path | None) -> Path | None:
-        if value is not None and not value.is_absolute():
-            raise ValueError(
-                "use an absolute path, like /var/lib/kubelet/pod-resources/kubelet.sock"
-            )
-        return value
 
 
 @dataclass(frozen=True)
@@ -398,85 +299,3 @@ def foreign_processes(
         if foreign:
             out[device] = foreign
     return out
-
-
-def sample(
-    source: IdleSource, policy: IdlePolicy, sleep: Callable[[float], None] = time.sleep
-) -> list[list[GpuReading]]:
-    """`policy.samples` readings, `policy.sample_interval` apart (no sleep after the last).
-
-    Raises IdleSourceError, whatever the source raised: a broken NVML must mean "do not probe",
-    never a dead scheduler thread. `check` turns it into an "nvml_error" decision.
-    """
-    readings: list[list[GpuReading]] = []
-    for number in range(policy.samples):
-        if number:
-            sleep(policy.sample_interval)
-        try:
-            readings.append(list(source.read()))
-        except Exception as exc:  # NVMLError's many subclasses, or a broken recording
-            raise IdleSourceError(
-                f"reading {number + 1} of {policy.samples}: {type(exc).__name__}: {exc}"
-            ) from exc
-    return readings
-
-
-def check(
-    source: IdleSource,
-    devices: Sequence[str],
-    own_pids: Collection[int],
-    policy: IdlePolicy,
-    sleep: Callable[[float], None] = time.sleep,
-    own_load: Collection[str] = (),
-) -> IdleDecision:
-    """Sample, then decide; a failing source gives reason "nvml_error" instead of raising."""
-    if not devices:
-        # A CPU-only probe touches no GPU: no need to read NVML, or to wait for samples.
-        return IdleDecision(idle=True, reason=None, detail="no GPUs used", busy={})
-    try:
-        readings = sample(source, policy, sleep)
-    except IdleSourceError as exc:
-        return source_failed(devices, exc)
-    return decide(readings, devices, own_pids, policy, own_load)
-
-
-_RECORDING = TypeAdapter(list[list[GpuReading]])
-
-
-class ReplaySource:
-    """Replays recorded readings in order; the last one repeats forever. Thread-safe."""
-
-    def __init__(self, samples: Sequence[Sequence[GpuReading]]) -> None:
-        if not samples:
-            raise ValueError("a replay needs at least one recorded sample")
-        self._samples = [list(s) for s in samples]
-        self._next = 0
-        self._lock = threading.Lock()
-
-    @classmethod
-    def from_records(cls, data: object) -> ReplaySource:
-        """From JSON-shaped data: a list of samples, or {"samples": [...]} with other keys free."""
-        if isinstance(data, dict):
-            if "samples" not in data:
-                raise ValueError('a recording object needs a "samples" key')
-            data = data["samples"]
-        return cls(_RECORDING.validate_python(data))
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> ReplaySource:
-        """From a recording file (what `--idle-replay FILE` reads); ValueError if malformed."""
-        with open(path, encoding="utf-8") as file:
-            return cls.from_records(json.load(file))
-
-    def read(self) -> list[GpuReading]:
-        with self._lock:
-            current = self._samples[min(self._next, len(self._samples) - 1)]
-            self._next += 1
-        return list(current)
-
-
-class NoGpuSource:
-    """CPU nodes: there is nothing to read, and a probe without devices is idle."""
-
-    def read(self) -> list[GpuReading]:
-        return []

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_policy
 from netmon.gpu.podresources import (
     DecodeError,
     PodPhases,
@@ -130,7 +130,7 @@ def _token(path: Path) -> str:
     return token.decode("ascii")
 
 
-def _tls(source: idle.KubeletPods) -> ssl.SSLContext:
+def _tls(source: idle_policy.KubeletPods) -> ssl.SSLContext:
     if source.insecure_skip_verify:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -173,7 +173,7 @@ def _refused(url: str, response: http.client.HTTPResponse) -> KubeletError:
     return KubeletError(f"{url}: HTTP {response.status} {response.reason}{hint}: {said}")
 
 
-def _get(source: idle.KubeletPods, deadline: float) -> bytes:
+def _get(source: idle_policy.KubeletPods, deadline: float) -> bytes:
     url = urlsplit(source.url)
     host, port = url.hostname or "", url.port
     headers = {"Accept": "application/json"}
@@ -200,7 +200,7 @@ def _get(source: idle.KubeletPods, deadline: float) -> bytes:
         connection.close()
 
 
-def list_pods(source: idle.KubeletPods, timeout: float = TIMEOUT_S) -> bytes:
+def list_pods(source: idle_policy.KubeletPods, timeout: float = TIMEOUT_S) -> bytes:
     """The kubelet's GET /pods answer (a v1 PodList in JSON); KubeletError if it cannot be had
     in `timeout`: each wait, from the TCP connect on, gets what is left of it.
 
@@ -243,10 +243,10 @@ class KubeletGuard:
     def __init__(
         self,
         source: idle.IdleSource,
-        policy: Callable[[], idle.IdlePolicy],
+        policy: Callable[[], idle_policy.IdlePolicy],
         own: tuple[str, str] | None = None,
         lister: Callable[[Path, float], bytes] = list_pod_resources,
-        pod_lister: Callable[[idle.KubeletPods, float], bytes] = list_pods,
+        pod_lister: Callable[[idle_policy.KubeletPods, float], bytes] = list_pods,
     ) -> None:
         self.source = source
         self.policy = policy
@@ -284,7 +284,7 @@ class KubeletGuard:
         self._note_finished(held.finished)
         return idle.with_allocations(readings, held)
 
-    def _phases(self, source: idle.KubeletPods | None) -> PodPhases:
+    def _phases(self, source: idle_policy.KubeletPods | None) -> PodPhases:
         if source is None:
             why = "idle.kubelet_pods is not set"
             if self._first(self._pods_logged, why):

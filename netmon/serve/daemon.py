@@ -24,7 +24,7 @@ from netmon.errors import CouldNotRun, UsageError
 from netmon.exposition.collector import SnapshotPage
 from netmon.exposition.http import MetricsServer
 from netmon.exposition.webconfig import WebSecurity
-from netmon.gpu import idle, models
+from netmon.gpu import idle, idle_policy, idle_sources, models
 from netmon.gpu.fabric import FabricReading
 from netmon.gpu.linkhealth import LinkHealth
 from netmon.group.keys import load_keys
@@ -90,7 +90,7 @@ def _state_path(config: NetmonConfig) -> Path | None:
 
 def _idle_source(config: NetmonConfig) -> idle.IdleSource:
     if config.backend != "nccl":
-        return idle.NoGpuSource()
+        return idle_sources.NoGpuSource()
     from netmon.gpu.nvml import NvmlSource
 
     try:
@@ -102,7 +102,7 @@ def _idle_source(config: NetmonConfig) -> idle.IdleSource:
 
 
 def _kubelet_guard(
-    source: idle.IdleSource, policy: Callable[[], idle.IdlePolicy]
+    source: idle.IdleSource, policy: Callable[[], idle_policy.IdlePolicy]
 ) -> idle.IdleSource:
     # Always in place, passing readings through while idle.kubelet_socket is unset, so that a
     # reload can turn the kubelet's answer on or off. POD_NAME/POD_NAMESPACE come from the

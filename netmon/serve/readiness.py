@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_sources
 from netmon.gpu.compat import FAULT_REASONS
 from netmon.probe.launcher import AbortCheck
 from netmon.probe.processes import descends_from
@@ -238,7 +238,7 @@ class Readiness:
         deadline = time.monotonic() + OWN_EXIT_S
         while True:
             try:
-                readings = idle.sample(self.idle_source, policy)
+                readings = idle_sources.sample(self.idle_source, policy)
             except idle.IdleSourceError as exc:
                 return idle.source_failed(devices, exc)
             flat = [r for taken in readings for r in taken]

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from netmon.gpu import idle
+from netmon.gpu import idle, idle_policy
 from netmon.gpu.kubelet import KubeletGuard
 from netmon.sim.node import SimPod, SimulatedNode
 
@@ -21,18 +21,18 @@ CLAIM_UID = "9f3c2b1e-5a4d-4c3b-8e2f-1a2b3c4d5e6f"  # a ResourceClaim's UID, as 
 
 def simulated_guard(
     source: idle.IdleSource,
-    policy: Callable[[], idle.IdlePolicy],
+    policy: Callable[[], idle_policy.IdlePolicy],
     node: SimulatedNode,
     own: tuple[str, str] | None,
 ) -> KubeletGuard:
     """netmon's kubelet guard over `source`, asking the node file's kubelet. A node file with no
     pods leaves the configured policy as it is (no kubelet, or the operator's)."""
 
-    def simulated_policy() -> idle.IdlePolicy:
+    def simulated_policy() -> idle_policy.IdlePolicy:
         configured = policy()
         if not node.current().pods:
             return configured
-        pods = idle.KubeletPods(url=PODS_URL, token_file=None)
+        pods = idle_policy.KubeletPods(url=PODS_URL, token_file=None)
         return configured.model_copy(update={"kubelet_socket": SOCKET, "kubelet_pods": pods})
 
     return KubeletGuard(
