@@ -195,7 +195,9 @@ def test_a_median_on_the_lower_of_two_levels_is_not_a_cut_until_the_newest_resul
     assert not before.degraded and before.level_bound is not None
     under = 0.95 * before.level_bound  # under the level's line, whatever the wobble
     scattered = stream.feed([under, up, under, under, up, under, up, under, up])
-    assert scattered[-1].level is not None and scattered[-1].level < before.level_bound
+    last = scattered[-1]
+    assert last.level is not None and last.level_bound is not None
+    assert last.level < last.level_bound  # the median alone would turn it
     assert not any(v.degraded for v in scattered)
     stream.feed([up] * 9)
     newest = stream.feed([up, up, up, up, under, under, under, under, under])

@@ -27,7 +27,7 @@ from netmon.baseline.verdict import DEGRADED_REASONS, Verdict
 # 0.33 +- 0.06), and the baseline with it: at its top, the lower level sat on the line. Over
 # 120 it varies by a third less (bench/false_alarms.py, classes `bimodal` and `edge`); it
 # follows a healthy change later, which the swing and step classes measure.
-SPREAD_WINDOWS = 6
+LEARNED_WINDOWS = 6
 
 # The share of learned results at each end the baseline leaves out (Track.baseline).
 BASELINE_TRIM = 0.1
@@ -127,7 +127,7 @@ class Track:
         return cls(
             learned=Counted(maxlen=window),
             learned_cv=deque(maxlen=window),
-            older=Counted(maxlen=(SPREAD_WINDOWS - 1) * window),
+            older=Counted(maxlen=(LEARNED_WINDOWS - 1) * window),
             recent=deque(maxlen=of),
             healthy=deque(maxlen=of),
             recent_values=deque(maxlen=of),
